@@ -1,0 +1,535 @@
+"""An OpenAI-compatible HTTP server over AsyncLLM (FastAPI + uvicorn).
+
+    app = create_app(AsyncLLM(llm), ServerConfig(model_name="tiny", max_model_len=4096, api_key=None))
+
+Routes: POST /v1/completions, POST /v1/chat/completions (the checkpoint's chat template),
+GET /v1/models, GET /health (never needs the key), GET /metrics (Prometheus text, `m3bench:` names).
+Extensions to the OpenAI schema (as vLLM spells them): `ignore_eos`, `top_k`, `min_tokens`,
+`return_token_ids` (each choice carries the ids of its new tokens), `chat_template_kwargs`.
+Every error is a 4xx/5xx JSON `{"error": {"message", "type", "code"}}`; a client that disconnects
+aborts its request, which frees its KV pages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Literal, Union
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from m3bench.runtime.async_llm import EngineDead
+from m3bench.runtime.errors import InputError
+
+MAX_BODY_BYTES = 8 * 1024 * 1024
+MAX_LOGPROBS = 20
+DISCONNECT_POLL_S = 0.25
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How to build the bundled engine (shared by `m3bench serve` and the in-process sweep)."""
+
+    model_dir: str
+    load_format: str = "auto"
+    device: str = "cpu"
+    dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
+    kv_cache_dtype: str = "bf16"
+    max_batch_size: int = 64
+    max_num_tokens: int = 2048
+    num_kv_blocks: int | None = None
+    gpu_memory_utilization: float = 0.9
+    seed: int = 0
+    synthetic_acceptance: float | None = None
+    tensor_parallel_size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.load_format not in ("auto", "dummy"):
+            raise InputError(f"--load-format must be auto or dummy, not {self.load_format!r}")
+
+    def resolved_dtype(self) -> str:
+        if self.dtype != "auto":
+            return self.dtype
+        return "bfloat16" if self.device.startswith("cuda") else "float32"
+
+    def build(self) -> Any:
+        """The LLM these options describe."""
+        from m3bench.runtime import LLM
+
+        if self.synthetic_acceptance is not None:
+            raise InputError("--synthetic-acceptance needs speculative decoding, which the bundled engine's "
+                             "LLM does not offer yet")
+        return LLM(self.model_dir, device=self.device, dtype=self.resolved_dtype(), kv_cache_dtype=self.kv_cache_dtype,
+                   load_format=self.load_format, max_batch_size=self.max_batch_size,
+                   max_num_tokens=self.max_num_tokens, num_kv_blocks=self.num_kv_blocks,
+                   gpu_memory_utilization=self.gpu_memory_utilization, seed=self.seed,
+                   tensor_parallel_size=self.tensor_parallel_size)
+
+    def cli_args(self) -> list[str]:
+        """The same options as `m3bench serve` flags."""
+        args = ["--model", self.model_dir, "--load-format", self.load_format, "--device", self.device,
+                "--dtype", self.dtype, "--kv-cache-dtype", self.kv_cache_dtype,
+                "--max-batch-size", str(self.max_batch_size), "--max-num-tokens", str(self.max_num_tokens),
+                "--gpu-memory-utilization", str(self.gpu_memory_utilization), "--seed", str(self.seed)]
+        if self.num_kv_blocks is not None:
+            args += ["--num-kv-blocks", str(self.num_kv_blocks)]
+        if self.synthetic_acceptance is not None:
+            args += ["--synthetic-acceptance", str(self.synthetic_acceptance)]
+        return args
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    model_name: str
+    max_model_len: int
+    api_key: str | None = None
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "BadRequestError") -> None:
+        super().__init__(message)
+        self.status, self.message, self.kind = status, message, kind
+
+
+# ---- request schemas (unknown fields are an error, not silently dropped) --------------------------
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class _Sampling(_Strict):
+    model: str
+    max_tokens: int | None = Field(default=None, ge=0)
+    temperature: float = Field(default=1.0, ge=0.0, le=100.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=0)
+    min_tokens: int = Field(default=0, ge=0)
+    stop: Union[str, list[str], None] = None
+    stop_token_ids: list[int] | None = None
+    seed: int | None = None
+    n: Literal[1] = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool = False
+    return_token_ids: bool = False
+    user: str | None = None  # accepted for compatibility, not used
+    presence_penalty: Literal[0, 0.0] = 0.0
+    frequency_penalty: Literal[0, 0.0] = 0.0
+
+
+class CompletionRequest(_Sampling):
+    prompt: Union[str, list[int], list[str], list[list[int]]]
+    echo: bool = False
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    max_tokens: int | None = Field(default=16, ge=0)  # OpenAI's default for completions
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")  # name, tool_calls, ... are passed to the template
+    role: str
+    content: Union[str, list[dict[str, Any]], None] = None
+
+
+class ChatRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=0)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+
+
+# ---- the app ----------------------------------------------------------------------------------
+
+
+def create_app(engine: Any, cfg: ServerConfig):
+    """The FastAPI app serving `engine` (an AsyncLLM)."""
+    app = FastAPI(title="m3bench serve", docs_url=None, redoc_url=None, openapi_url=None)
+    state = _State(engine, cfg)
+
+    async def require_key(request: Request) -> None:
+        if not _authorized(request, cfg.api_key):
+            raise ApiError(401, "missing or wrong API key", "AuthenticationError")
+
+    api = APIRouter(dependencies=[Depends(require_key)])
+
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, e: ApiError):
+        return _error_response(e)
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, e: Exception):
+        return _error_response(ApiError(500, f"{type(e).__name__}: {e}", "InternalServerError"))
+
+    @app.get("/health")
+    async def health():
+        if not state.engine.alive:
+            return JSONResponse({"status": "engine stopped"}, status_code=503)
+        return {"status": "ok"}
+
+    @api.get("/v1/models")
+    async def models():
+        card = {"id": cfg.model_name, "object": "model", "created": state.created, "owned_by": "m3bench",
+                "max_model_len": cfg.max_model_len}
+        return {"object": "list", "data": [card]}
+
+    @api.get("/metrics")
+    async def metrics():
+        return PlainTextResponse(prometheus_text(await engine.stats(), state), media_type="text/plain; version=0.0.4")
+
+    @api.post("/v1/completions")
+    async def completions(request: Request):
+        req = await _parse(request, CompletionRequest, cfg)
+        job = state.completion_job(req)
+        if req.stream:
+            return StreamingResponse(job.sse(), media_type="text/event-stream")
+        return JSONResponse(await _unless_disconnected(request, job.full()))
+
+    @api.post("/v1/chat/completions")
+    async def chat(request: Request):
+        req = await _parse(request, ChatRequest, cfg)
+        job = state.chat_job(req)
+        if req.stream:
+            return StreamingResponse(job.sse(), media_type="text/event-stream")
+        return JSONResponse(await _unless_disconnected(request, job.full()))
+
+    app.include_router(api)
+    return app
+
+
+def _authorized(request: Any, api_key: str | None) -> bool:
+    if not api_key:
+        return True
+    return request.headers.get("authorization", "") == f"Bearer {api_key}"
+
+
+def _error_response(e: ApiError):
+    body = {"error": {"message": e.message, "type": e.kind, "param": None, "code": e.status}}
+    return JSONResponse(body, status_code=e.status)
+
+
+async def _parse(request: Any, schema: type[BaseModel], cfg: ServerConfig) -> Any:
+    """Body -> schema, or a 4xx: too large (413), not JSON / not the schema (400), unknown model (404)."""
+    raw = await _read_body(request)
+    try:
+        req = schema.model_validate(json.loads(raw))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"body is not JSON: {e}") from e
+    except ValidationError as e:
+        raise ApiError(400, _validation_message(e)) from e
+    if req.model != cfg.model_name:
+        raise ApiError(404, f"The model `{req.model}` does not exist (serving `{cfg.model_name}`).", "NotFoundError")
+    return req
+
+
+async def _read_body(request: Any) -> bytes:
+    """The body, refused (413) as soon as it is known to pass MAX_BODY_BYTES, declared or streamed."""
+    too_big = ApiError(413, f"request body over {MAX_BODY_BYTES} bytes", "RequestTooLarge")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise too_big
+    parts, size = [], 0
+    async for part in request.stream():
+        size += len(part)
+        if size > MAX_BODY_BYTES:
+            raise too_big
+        parts.append(part)
+    return b"".join(parts)
+
+
+def _validation_message(e: ValidationError) -> str:
+    parts = [f"{'.'.join(str(x) for x in err['loc']) or 'body'}: {err['msg']}" for err in e.errors()[:5]]
+    return "invalid request: " + "; ".join(parts)
+
+
+async def _unless_disconnected(request: Any, work: Any) -> Any:
+    """Await `work`, cancelling it (so its requests abort) if the client goes away first."""
+    task = asyncio.ensure_future(work)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+        if done:
+            return task.result()
+        if await request.is_disconnected():
+            task.cancel()
+            raise ApiError(499, "client disconnected", "ClientClosedRequest")
+
+
+# ---- turning requests into engine work ----------------------------------------------------------
+
+
+@dataclass
+class _Counters:
+    requests: int = 0
+    failed: int = 0
+
+
+class _State:
+    def __init__(self, engine: Any, cfg: ServerConfig) -> None:
+        import copy
+
+        if engine.tokenizer is None:
+            raise InputError("m3bench serve needs the checkpoint's tokenizer (tokenizer.json) in the model directory")
+        self.engine, self.cfg = engine, cfg
+        self.tokenizer = copy.deepcopy(engine.tokenizer)  # the engine thread owns the original
+        self.vocab_size = engine.config.vocab_size
+        self.created = int(time.time())
+        self.counters = _Counters()
+
+    def completion_job(self, req: CompletionRequest) -> "_Job":
+        prompts = self._prompt_ids(req.prompt)
+        if req.stream and len(prompts) != 1:
+            raise ApiError(400, "stream supports a single prompt")
+        if req.echo and req.logprobs is not None:
+            raise ApiError(400, "echo with logprobs (prompt logprobs) is not supported")
+        job = _Job(self, req, prompts, chat=False)
+        job.echo_texts = [p if isinstance(p, str) else self.tokenizer.decode(ids)
+                          for p, ids in zip(_prompt_items(req.prompt), prompts)]
+        return job
+
+    def chat_job(self, req: ChatRequest) -> "_Job":
+        messages = [_plain_message(m) for m in req.messages]
+        kwargs = dict(req.chat_template_kwargs or {})
+        try:
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                      add_generation_prompt=req.add_generation_prompt, **kwargs)
+        except Exception as e:  # template errors (unknown role, bad kwarg) are the caller's
+            raise ApiError(400, f"chat template failed: {e}") from e
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        return _Job(self, req, [ids], chat=True)
+
+    def _prompt_ids(self, prompt: Any) -> list[list[int]]:
+        items = _prompt_items(prompt)
+        out = [self.tokenizer.encode(p, add_special_tokens=True) if isinstance(p, str) else list(p) for p in items]
+        for ids in out:
+            if not ids:
+                raise ApiError(400, "empty prompt")
+            if min(ids) < 0 or max(ids) >= self.vocab_size:
+                raise ApiError(400, f"prompt token ids must be in [0, {self.vocab_size})")
+        return out
+
+    def sampling_params(self, req: Any, prompt_len: int) -> Any:
+        """SamplingParams of one prompt; the prompt plus max_tokens must fit the context (else 400)."""
+        from m3bench.runtime import SamplingParams
+
+        limit = self.cfg.max_model_len
+        asked = getattr(req, "max_completion_tokens", None)
+        asked = req.max_tokens if asked is None else asked
+        if prompt_len >= limit or (asked is not None and prompt_len + asked > limit):
+            raise ApiError(400, f"This model's maximum context length is {limit} tokens; the request has "
+                                f"{prompt_len} prompt tokens and asks for {asked} more.")
+        try:
+            return SamplingParams(
+                max_tokens=limit - prompt_len if asked is None else asked, temperature=req.temperature,
+                top_k=req.top_k, top_p=req.top_p, seed=req.seed, stop=_stops(req.stop),
+                stop_token_ids=tuple(req.stop_token_ids or ()), ignore_eos=req.ignore_eos,
+                logprobs=_logprobs_asked(req), min_tokens=req.min_tokens)
+        except InputError as e:
+            raise ApiError(400, str(e)) from e
+
+
+def _prompt_items(prompt: Any) -> list:
+    """A completions `prompt` as a list of prompts (each a string or a list of token ids)."""
+    return prompt if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else [prompt]
+
+
+def _plain_message(m: ChatMessage) -> dict:
+    """A message for the template: list-of-parts content joined into its text parts."""
+    out = m.model_dump(exclude_none=True)
+    if isinstance(m.content, list):
+        out["content"] = "".join(p.get("text", "") for p in m.content if p.get("type", "text") == "text")
+    return out
+
+
+def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
+    return () if stop is None else (stop,) if isinstance(stop, str) else tuple(stop)
+
+
+def _logprobs_asked(req: Any) -> int | None:
+    if isinstance(req, ChatRequest):
+        return (req.top_logprobs or 0) if req.logprobs else None
+    return req.logprobs
+
+
+class _Job:
+    """One HTTP request: its prompts, their sampling params, and the two ways of answering."""
+
+    def __init__(self, state: _State, req: Any, prompts: list[list[int]], chat: bool) -> None:
+        self.state, self.req, self.prompts, self.chat = state, req, prompts, chat
+        self.echo_texts: list[str] = []  # completions with echo: the prompts as text
+        self.params = [state.sampling_params(req, len(p)) for p in prompts]
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        state.counters.requests += 1
+
+    def _envelope(self, choices: list[dict], usage: dict | None, chunk: bool) -> dict:
+        kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
+        body = {"id": self.id, "object": kind, "created": self.created, "model": self.state.cfg.model_name,
+                "choices": choices}
+        if usage is not None or not chunk:
+            body["usage"] = usage
+        return body
+
+    async def _collect(self, index: int) -> dict:
+        """Run one prompt to the end; its choice plus token counts."""
+        ids: list[int] = []
+        text, lps, tops, reason = [], [], [], None
+        async for d in self.state.engine.generate(self.prompts[index], self.params[index]):
+            ids += d.token_ids
+            text.append(d.text)
+            lps += d.logprobs
+            tops += d.top_logprobs
+            reason = d.finish_reason if d.finished else reason
+        return {"ids": ids, "text": "".join(text), "lps": lps, "tops": tops, "reason": reason}
+
+    async def full(self) -> dict:
+        try:
+            results = await asyncio.gather(*(self._collect(i) for i in range(len(self.prompts))))
+        except InputError as e:
+            self.state.counters.failed += 1
+            raise ApiError(400, str(e)) from e
+        except EngineDead as e:
+            self.state.counters.failed += 1
+            raise ApiError(503, str(e), "ServiceUnavailableError") from e
+        choices = [self._choice(i, r) for i, r in enumerate(results)]
+        return self._envelope(choices, self._usage(sum(len(r["ids"]) for r in results)), chunk=False)
+
+    def _choice(self, index: int, r: dict) -> dict:
+        if self.chat:
+            choice = {"index": index, "message": {"role": "assistant", "content": r["text"]},
+                      "logprobs": self._chat_logprobs(r["ids"], r["lps"], r["tops"]), "finish_reason": r["reason"]}
+        else:
+            prefix = self.echo_texts[index] if self.req.echo else ""
+            choice = {"index": index, "text": prefix + r["text"], "finish_reason": r["reason"],
+                      "logprobs": self._completion_logprobs(r["ids"], r["lps"], r["tops"])}
+        if self.req.return_token_ids:
+            choice["token_ids"] = r["ids"]
+        return choice
+
+    def _usage(self, completion_tokens: int) -> dict:
+        prompt = sum(len(p) for p in self.prompts)
+        return {"prompt_tokens": prompt, "completion_tokens": completion_tokens, "total_tokens": prompt + completion_tokens}
+
+    # ---- logprobs in the two OpenAI formats ----
+
+    def _piece(self, token_id: int) -> str:
+        return self.state.tokenizer.decode([token_id])
+
+    def _completion_logprobs(self, ids: list[int], lps: list[float], tops: list, offset: int = 0) -> dict | None:
+        """The legacy completions format: tokens, token_logprobs, top_logprobs (dicts), text_offset."""
+        if self.req.logprobs is None:
+            return None
+        pieces = [self._piece(t) for t in ids]
+        offsets = [offset + sum(len(p) for p in pieces[:i]) for i in range(len(pieces))]
+        top = [{self._piece(t): lp for t, lp in row} for row in tops] if self.req.logprobs else [None] * len(ids)
+        return {"tokens": pieces, "token_logprobs": list(lps), "top_logprobs": top, "text_offset": offsets}
+
+    def _chat_logprobs(self, ids: list[int], lps: list[float], tops: list) -> dict | None:
+        if not self.req.logprobs:
+            return None
+        content = []
+        for t, lp, row in zip(ids, lps, tops):
+            piece = self._piece(t)
+            alts = [{"token": self._piece(a), "logprob": alp, "bytes": list(self._piece(a).encode())} for a, alp in row]
+            content.append({"token": piece, "logprob": lp, "bytes": list(piece.encode()), "top_logprobs": alts})
+        return {"content": content}
+
+    # ---- streaming ----
+
+    async def sse(self) -> AsyncIterator[str]:
+        """Server-sent events: one chunk per engine step with new text, usage on the last one, [DONE]."""
+        sent, offset = 0, 0
+        try:
+            if self.chat:
+                yield _sse(self._envelope([{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                            "logprobs": None, "finish_reason": None}], None, chunk=True))
+            elif self.req.echo:
+                prompt_text = self.echo_texts[0]
+                yield _sse(self._envelope([{"index": 0, "text": prompt_text, "logprobs": None, "finish_reason": None}],
+                                          None, chunk=True))
+            async for d in self.state.engine.generate(self.prompts[0], self.params[0]):
+                sent += len(d.token_ids)
+                usage = self._usage(sent) if d.finished else None
+                if not d.token_ids and not d.text and not d.finished:
+                    continue
+                yield _sse(self._envelope([self._stream_choice(d, offset)], usage, chunk=True))
+                offset += len(d.text)
+            if self.req.stream_options and self.req.stream_options.include_usage:
+                yield _sse(self._envelope([], self._usage(sent), chunk=True))
+        except InputError as e:
+            self.state.counters.failed += 1
+            yield _sse({"error": {"message": str(e), "type": "BadRequestError", "code": 400}})
+        except Exception as e:  # headers are gone: the error travels in the stream
+            self.state.counters.failed += 1
+            yield _sse({"error": {"message": f"{type(e).__name__}: {e}", "type": "InternalServerError", "code": 500}})
+        yield "data: [DONE]\n\n"
+
+    def _stream_choice(self, d: Any, offset: int) -> dict:
+        ids, lps, tops = list(d.token_ids), list(d.logprobs), list(d.top_logprobs)
+        if self.chat:
+            choice = {"index": 0, "delta": {"content": d.text}, "logprobs": self._chat_logprobs(ids, lps, tops),
+                      "finish_reason": d.finish_reason}
+        else:
+            choice = {"index": 0, "text": d.text, "finish_reason": d.finish_reason,
+                      "logprobs": self._completion_logprobs(ids, lps, tops, offset)}
+        if self.req.return_token_ids:
+            choice["token_ids"] = ids
+        return choice
+
+
+def _sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+# ---- /metrics -------------------------------------------------------------------------------------
+
+PREFIX = "m3bench:"
+
+
+def prometheus_text(stats: Any, state: _State) -> str:
+    """Prometheus exposition text of the engine's gauges and counters (vLLM's names, `m3bench:` prefix)."""
+    rows = [
+        ("gauge", "num_requests_running", "Requests in the running batch", stats.num_running),
+        ("gauge", "num_requests_waiting", "Requests waiting to be scheduled", stats.num_waiting),
+        ("gauge", "kv_cache_pages_in_use", "KV pages held by requests", stats.kv_pages_in_use),
+        ("gauge", "kv_cache_pages_total", "KV pages in the pool", stats.kv_pages_total),
+        ("gauge", "kv_cache_usage_perc", "Fraction of KV pages in use", stats.kv_pages_in_use / max(stats.kv_pages_total, 1)),
+        ("counter", "requests_total", "HTTP generation requests received", state.counters.requests),
+        ("counter", "request_failure_total", "HTTP generation requests that failed", state.counters.failed),
+        ("counter", "request_success_total", "Engine requests finished", stats.requests_finished_total),
+        ("counter", "request_abort_total", "Requests aborted (client gone)", stats.requests_aborted_total),
+        ("counter", "prompt_tokens_total", "Prompt tokens admitted", stats.prompt_tokens_total),
+        ("counter", "generation_tokens_total", "Tokens generated", stats.generation_tokens_total),
+        ("counter", "spec_decode_num_drafts_total", "Verify steps with a draft", stats.spec_drafts),
+        ("counter", "spec_decode_num_draft_tokens_total", "Draft tokens proposed", stats.spec_draft_tokens),
+        ("counter", "spec_decode_num_accepted_tokens_total", "Draft tokens accepted", stats.spec_accepted_tokens),
+    ]
+    lines = []
+    for kind, name, help_text, value in rows:
+        lines += [f"# HELP {PREFIX}{name} {help_text}", f"# TYPE {PREFIX}{name} {kind}", f"{PREFIX}{name} {value}"]
+    per_pos = f"{PREFIX}spec_decode_num_accepted_tokens_per_pos_total"
+    lines += [f"# HELP {per_pos} Draft tokens accepted at each position", f"# TYPE {per_pos} counter"]
+    lines += [f'{per_pos}{{position="{k}"}} {v}' for k, v in enumerate(stats.spec_accepted_per_pos)]
+    return "\n".join(lines) + "\n"
+
+
+# ---- running it -----------------------------------------------------------------------------------
+
+
+def uvicorn_server(app: Any, host: str, port: int, log_level: str = "warning") -> Any:
+    """A uvicorn.Server for `app` (call .run(), or run it on a thread and set .should_exit)."""
+    import uvicorn
+
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
+                            timeout_graceful_shutdown=5)
+    return uvicorn.Server(config)

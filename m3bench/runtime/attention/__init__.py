@@ -1,0 +1,32 @@
+"""Attention metadata, the attention-backend protocol, the torch backend and MSA block selection."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from m3bench.runtime.attention.metadata import AttnMetadata, build_attn_metadata
+
+if TYPE_CHECKING:
+    import torch
+
+    from m3bench.runtime.config import MsaConfig
+    from m3bench.runtime.kv_cache import KVCache
+
+
+class AttentionBackend(Protocol):
+    """What the attention layer calls after writing the step's K/V/ik into the cache.
+
+    q [T, Hq, d] and iq [T, Hi, di] hold every sequence of the step (meta.query_start_loc);
+    the result is [T, Hq, d] in q's dtype. `graph_safe`: no host reads, so CUDA graphs may capture it.
+    """
+
+    graph_safe: bool
+
+    def dense(self, layer: int, q: "torch.Tensor", meta: AttnMetadata, kv: "KVCache", scale: float
+              ) -> "torch.Tensor": ...
+
+    def msa(self, layer: int, q: "torch.Tensor", iq: "torch.Tensor", meta: AttnMetadata, kv: "KVCache",
+            scale: float, m: "MsaConfig") -> "torch.Tensor": ...
+
+
+__all__ = ["AttentionBackend", "AttnMetadata", "build_attn_metadata"]

@@ -1,0 +1,73 @@
+"""Triton attention backend: paged GQA attention and the MSA indexer on the raw KV pages, with the
+KV format (bf16 / fp8 / nvfp4) decoded inside the kernels. Graph safe: launch sizes come from
+static bounds (the block-table width and the host list of query lengths, which the decode graphs
+fix at 1) and every length is read on the device.
+
+    model = M3ForCausalLM(cfg, dtype=torch.bfloat16, device="cuda", backend=TritonBackend())
+
+Decode, verify chunks and prefill chunks all run through the same kernels (per-token causal
+limits). MSA layers need one sparse block per page (tokens_per_block == msa.block_size) and one
+forced local block. Runs on CUDA, or on CPU under TRITON_INTERPRET=1 (tests).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from m3bench.runtime.attention.metadata import AttnMetadata
+from m3bench.runtime.config import MsaConfig
+from m3bench.runtime.errors import ConfigError
+from m3bench.runtime.kernels.attention import paged_attention
+from m3bench.runtime.kernels.backend import KernelBackend
+from m3bench.runtime.kernels.msa_index import msa_select_blocks
+from m3bench.runtime.kv_cache import KVCache
+
+
+def check_msa_layout(m: MsaConfig, tokens_per_block: int) -> None:
+    """The kernels select whole pages: a page must be one sparse block, one local block forced."""
+    if tokens_per_block != m.block_size:
+        raise ConfigError(f"the Triton MSA kernels need tokens_per_block == the MSA block size "
+                          f"({m.block_size}), got {tokens_per_block}; use tokens_per_block={m.block_size} "
+                          f"or attention_backend='torch'")
+    if m.local_blocks != 1:
+        raise ConfigError(f"the Triton MSA kernels force exactly one local block, the model asks for "
+                          f"{m.local_blocks}; use attention_backend='torch'")
+
+
+def max_query_len(meta: AttnMetadata) -> int:
+    """Static launch bound from the host mirror (no device read; 1 in the decode graphs)."""
+    return max(meta.query_lens_host, default=1)
+
+
+class TritonBackend:
+    """`dense(...)` / `msa(...)` as in AttentionBackend; K/V/ik must already be in the cache."""
+
+    graph_safe = True
+
+    def __init__(self, kernel_backend: KernelBackend = KernelBackend.TRITON):
+        self.kernel_backend = kernel_backend
+
+    def dense(self, layer: int, q: torch.Tensor, meta: AttnMetadata, kv: KVCache, scale: float) -> torch.Tensor:
+        k, v, _ = kv.pages(layer)
+        return paged_attention(q, k, v, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale,
+                               max_query_len=max_query_len(meta), backend=self.kernel_backend)
+
+    def msa(self, layer: int, q: torch.Tensor, iq: torch.Tensor, meta: AttnMetadata, kv: KVCache,
+            scale: float, m: MsaConfig) -> torch.Tensor:
+        check_msa_layout(m, kv.page_size)
+        k, v, ik = kv.pages(layer)
+        sel = self.select(iq, ik, meta, m, hkv=k.shape[1])
+        return paged_attention(q, k, v, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale,
+                               selected_blocks=sel, max_query_len=max_query_len(meta),
+                               backend=self.kernel_backend)
+
+    def select(self, iq: torch.Tensor, ik, meta: AttnMetadata, m: MsaConfig, hkv: int) -> torch.Tensor:
+        """Selected blocks [T, Hkv, topk] int32 (index head h serves KV head h; one head broadcasts)."""
+        sel = msa_select_blocks(iq, ik, meta.block_tables, meta.seq_lens, meta.query_start_loc,
+                                m.topk_blocks, m.init_blocks, max_query_len=max_query_len(meta),
+                                backend=self.kernel_backend)
+        if sel.shape[1] == hkv:
+            return sel
+        if sel.shape[1] == 1:
+            return sel.expand(-1, hkv, -1)
+        raise ConfigError(f"{sel.shape[1]} local index heads cannot serve {hkv} local KV heads")

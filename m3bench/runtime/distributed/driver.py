@@ -1,0 +1,189 @@
+"""Rank 0's end of a tensor-parallel run: start (or join) the ranks, announce each step, stop them.
+
+    driver = start_driver(world=2, spec=spec)       # None when world is 1
+    driver.alloc(num_pages, P, kv_dtype)            # every rank allocates the same KV pool
+    runner = DriverRunner(driver, model, kv, bm, device)   # a ModelRunner that broadcasts first
+    driver.shutdown()                               # STOP, join; terminate whatever hangs
+
+Under torchrun, ranks > 0 call `start_driver` too: it serves rank 0 until STOP, then raises SystemExit(0).
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import torch
+
+from m3bench.runtime.distributed.groups import RankGroups, destroy_groups, init_groups, rank_device, torchrun_rank
+from m3bench.runtime.distributed.launcher import WorkerPool
+from m3bench.runtime.distributed.protocol import Op, broadcast_step, kv_code, send_header
+from m3bench.runtime.distributed.worker import WorkerSpec, agree_min, serve
+from m3bench.runtime.engine import ModelRunner
+from m3bench.runtime.errors import InputError
+from m3bench.runtime.kv_cache import KVDtype
+from m3bench.runtime.parallel import TPGroup
+
+class Driver:
+    def __init__(self, groups: RankGroups, pool: WorkerPool | None) -> None:
+        self.groups, self.pool = groups, pool
+        self.in_step = False  # a step's messages are in flight: STOP could not be heard
+        self.broken: str | None = None
+        self.closed = False
+        self._lock = threading.Lock()
+        if pool is not None:
+            pool.on_death = self._on_death
+
+    @property
+    def tp(self) -> TPGroup:
+        return self.groups.tp
+
+    @property
+    def device(self) -> torch.device:
+        return self.groups.device
+
+    def alloc(self, num_pages: int, P: int, kv_dtype: KVDtype) -> None:
+        with self.guard():
+            send_header(self.groups.control, Op.ALLOC, (num_pages, P, kv_code(kv_dtype)))
+
+    def start_profile(self, tokens: int, P: int, kv_dtype: KVDtype, page_bytes: int, utilization: float) -> None:
+        with self.guard():
+            send_header(self.groups.control, Op.PROFILE,
+                        (tokens, P, kv_code(kv_dtype), page_bytes, round(utilization * 1e6)))
+
+    def agree_min(self, value: int) -> int:
+        with self.guard():
+            return agree_min(self.groups.control, value)
+
+    def broadcast_step(self, input_ids: torch.Tensor, meta: Any, logits_idx: torch.Tensor) -> None:
+        with self.guard():
+            broadcast_step(self.groups.control, self.tp, input_ids, meta, logits_idx)
+
+    @contextmanager
+    def guard(self) -> Iterator[None]:
+        """Refuse to talk to dead ranks; turn a failed collective into one clear RuntimeError."""
+        self.check()
+        try:
+            yield
+        except RuntimeError as e:  # gloo: "Connection closed by peer"; NCCL: aborted / timed out
+            raise self.failure(e) from e
+
+    def check(self) -> None:
+        if self.closed:
+            raise RuntimeError("this LLM's tensor-parallel workers were shut down")
+        if self.broken is None and self.pool is not None and self.pool.dead():
+            self.broken = self.pool.describe_death()
+        if self.broken is not None:
+            raise RuntimeError(f"{self.broken}; the tensor-parallel engine cannot continue")
+
+    def failure(self, exc: BaseException) -> RuntimeError:
+        death = self.pool.describe_death() if self.pool is not None else None
+        self.broken = death or f"a tensor-parallel collective failed ({str(exc).splitlines()[0][:200]})"
+        return RuntimeError(f"{self.broken}; the tensor-parallel engine cannot continue")
+
+    def _on_death(self) -> None:
+        """Watch thread: a worker died. NCCL would wait out its timeout: abort so rank 0's collective fails."""
+        self.broken = self.broken or self.pool.describe_death()
+        if self.device.type == "cuda" and not self.closed:
+            try:
+                from torch.distributed.distributed_c10d import _abort_process_group
+
+                _abort_process_group()
+            except Exception:  # noqa: BLE001 - best effort; the step then fails on its own timeout
+                pass
+
+    def shutdown(self) -> None:
+        """STOP the other ranks when they can hear it, then make sure every worker process is gone."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+        graceful = not self.in_step and self.broken is None
+        if graceful:
+            try:
+                send_header(self.groups.control, Op.STOP)
+            except RuntimeError:
+                graceful = False
+        if graceful:
+            destroy_groups(self.groups)
+        if self.pool is not None:
+            self.pool.stop(graceful)
+        if not graceful:
+            _destroy_quietly(self.groups)
+
+
+class DriverRunner(ModelRunner):
+    """ModelRunner of rank 0: each step's plan goes to the other ranks, then every rank runs it."""
+
+    def __init__(self, driver: Driver, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.driver = driver
+
+    def run(self, inputs: Any, batch: Any) -> torch.Tensor:
+        self.driver.in_step = True
+        self.driver.broadcast_step(inputs.input_ids, inputs.meta, inputs.logits_idx)
+        with self.driver.guard():
+            logits = super().run(inputs, batch)
+        self.driver.in_step = False
+        return logits
+
+
+def start_driver(world: int, spec: WorkerSpec) -> Driver | None:
+    """Rank 0's Driver (spawning ranks 1..world-1, or joining torchrun's); None for world 1."""
+    if world < 1:
+        raise InputError(f"tensor_parallel_size must be >= 1, got {world}")
+    if world == 1:
+        return None
+    check_fits(spec, world)
+    launched = torchrun_rank(world)
+    if launched is not None:
+        return _join_torchrun(world, spec, *launched)
+    pool = WorkerPool.spawn(world, spec)
+    try:
+        pool.wait_ready()
+        groups = init_groups(0, world, pool.init_method, rank_device(spec.device, 0))
+    except BaseException:
+        pool.stop(graceful=False)
+        raise
+    return _register(Driver(groups, pool))
+
+
+def check_fits(spec: WorkerSpec, world: int) -> None:
+    """Refuse a TP size the model's heads, vocabulary, experts or intermediate sizes do not split over,
+    before any process starts (a shape-only model on the meta device raises what a rank would)."""
+    from pathlib import Path
+
+    from m3bench.runtime.config import ModelConfig
+    from m3bench.runtime.model import M3ForCausalLM
+
+    if spec.config is None and spec.model is None:
+        return  # building the model reports the missing directory
+    cfg = spec.config if isinstance(spec.config, ModelConfig) else ModelConfig.from_pretrained(
+        Path(spec.config or spec.model))
+    try:
+        M3ForCausalLM(cfg, spec.dtype, "meta", TPGroup(0, world))
+    except ValueError as e:
+        raise InputError(f"tensor_parallel_size {world} does not fit this model: {e}") from None
+
+
+def _join_torchrun(world: int, spec: WorkerSpec, rank: int, local_rank: int) -> Driver:
+    groups = init_groups(rank, world, "env://", rank_device(spec.device, local_rank))
+    if rank == 0:
+        return _register(Driver(groups, None))
+    serve(spec, groups)  # ranks > 0 are workers until rank 0 stops
+    destroy_groups(groups)
+    raise SystemExit(0)
+
+
+def _destroy_quietly(groups: RankGroups) -> None:
+    try:
+        destroy_groups(groups)
+    except Exception:  # noqa: BLE001 - the peers are gone; nothing is left to release cleanly
+        pass
+
+
+def _register(driver: Driver) -> Driver:
+    atexit.register(driver.shutdown)
+    return driver

@@ -1,0 +1,134 @@
+"""Ranks > 0: build this rank's shards of the model, then replay rank 0's messages until STOP.
+
+    serve(spec, groups)        # under torchrun, from LLM(...) on ranks > 0
+    spawned_main(...)          # the entry point of a worker process that m3bench spawned
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from m3bench.runtime.distributed.groups import RankGroups, destroy_groups, init_groups, rank_device
+from m3bench.runtime.distributed.protocol import KV_DTYPES, Op, receive_step, recv_header
+from m3bench.runtime.kv_cache import KVCache, KVDtype
+
+PARENT_POLL_S = 0.5
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What every rank needs to build the same model as rank 0 (LLM's own arguments)."""
+
+    model: str | None
+    config: Any  # ModelConfig, a path, or None
+    dtype: torch.dtype
+    device: str
+    load_format: str
+    seed: int
+    attention_backend: str
+    tokens_per_block: int
+
+
+def build_model(spec: WorkerSpec, groups: RankGroups) -> Any:
+    """This rank's shards, loaded the way LLM loads rank 0's."""
+    from m3bench.runtime import llm
+
+    model = llm._build_model(spec.model, spec.config, spec.dtype, groups.device, llm._load_format(spec.load_format),
+                             spec.seed, groups.tp)
+    llm._pick_backend(model, spec.attention_backend, spec.tokens_per_block, prebuilt=False)
+    return model
+
+
+def serve(spec: WorkerSpec, groups: RankGroups) -> None:
+    """Build the model, then run every step rank 0 announces until it sends STOP."""
+    model = build_model(spec, groups)
+    kv = None
+    while True:
+        op, fields = recv_header(groups.control)
+        if op is Op.STOP:
+            return
+        if op is Op.ALLOC:
+            kv = None  # free the old pool first
+            kv = KVCache(model.cfg, fields[0], fields[1], KV_DTYPES[fields[2]], model.dtype, groups.device, model.tp)
+        elif op is Op.PROFILE:
+            _profile(model, fields, groups)
+        elif op is Op.STEP:
+            _step(model, kv, receive_step(groups.control, groups.tp, fields, groups.device))
+
+
+@torch.inference_mode()
+def _step(model: Any, kv: KVCache | None, step) -> None:
+    if kv is None:
+        raise RuntimeError("rank 0 sent a step before the KV cache was allocated (protocol bug)")
+    hidden = model(step.input_ids, step.positions, step.meta, kv)
+    model.compute_logits(hidden[step.logits_idx])  # joins the all-gather; rank 0 samples
+
+
+def _profile(model: Any, fields: list[int], groups: RankGroups) -> None:
+    from m3bench.runtime.block_manager import blocks_for_budget
+
+    tokens, P, code, page_bytes, ppm = fields[:5]
+    profile_forward(model, tokens, P, KV_DTYPES[code])
+    agree_min(groups.control, blocks_for_budget(page_bytes, groups.device, ppm / 1e6))
+
+
+@torch.inference_mode()
+def profile_forward(model: Any, tokens: int, P: int, kv_dtype: KVDtype) -> None:
+    """One prefill of `tokens` on a throw-away cache, so the activation peak is known (as LLM._profile_run)."""
+    from m3bench.runtime.attention.metadata import build_attn_metadata
+
+    pages = -(-tokens // P)
+    kv = KVCache(model.cfg, pages, P, kv_dtype, model.dtype, model.device, model.tp)
+    meta = build_attn_metadata([tokens], [tokens], [list(range(pages))], P, model.device)
+    torch.cuda.reset_peak_memory_stats(model.device)
+    hidden = model(torch.zeros(tokens, dtype=torch.int64, device=model.device), meta.positions, meta, kv)
+    model.compute_logits(hidden[-1:])
+    del kv, hidden
+    torch.cuda.empty_cache()
+
+
+def agree_min(control: Any, value: int) -> int:
+    """The smallest `value` over all ranks (every rank calls it at the same point)."""
+    import torch.distributed as dist
+
+    t = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=control)
+    return int(t.item())
+
+
+def spawned_main(rank: int, world: int, init_method: str, spec: WorkerSpec, run_dir: str, parent_pid: int) -> None:
+    """Entry point of a spawned worker: errors go to run_dir/worker<rank>.err and exit code 1."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is rank 0's to handle; it then stops us
+    _watch_parent(parent_pid)
+    try:
+        device = rank_device(spec.device, rank)
+        Path(run_dir, f"worker{rank}.ready").touch()  # rank 0 joins the rendezvous once every worker got here
+        groups = init_groups(rank, world, init_method, device)
+        serve(spec, groups)
+        destroy_groups(groups)
+    except BaseException:  # noqa: BLE001 - any failure must reach rank 0 as a message, then exit
+        text = traceback.format_exc()
+        Path(run_dir, f"worker{rank}.err").write_text(text)
+        sys.stderr.write(f"m3bench tensor-parallel worker {rank} failed:\n{text}")
+        sys.stderr.flush()
+        os._exit(1)
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Exit when rank 0's process is gone (killed without a chance to stop us): no orphans."""
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="m3bench-parent-watch", daemon=True).start()

@@ -1,0 +1,323 @@
+"""The serving engine: one step is schedule -> build inputs -> run the model -> sample -> postprocess.
+
+    engine = Engine(model, kv, block_manager, scheduler, sampler, tokenizer, max_model_len)
+    engine.add(seq)
+    while engine.has_work():
+        deltas = engine.step()          # list[RequestDelta]: new tokens / text / timestamps per request
+
+Inputs are built on the host as one int64 buffer and copied to the device once; the slot of every
+token is looked up on the device from the persistent block table (no page ids cross the bus).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from m3bench.runtime.attention.metadata import AttnMetadata
+from m3bench.runtime.block_manager import BlockManager
+from m3bench.runtime.kv_cache import KVCache
+from m3bench.runtime.sampler import Sampler, SamplerOutput, make_generator
+from m3bench.runtime.scheduler import ScheduledBatch, Scheduler
+from m3bench.runtime.sequence import Detokenizer, FinishReason, Sequence
+
+
+@dataclass(frozen=True)
+class RequestDelta:
+    """What one request gained in one step."""
+
+    request_id: int
+    token_ids: tuple[int, ...]  # new this step
+    text: str  # new this step
+    token_times_s: tuple[float, ...]  # host time.time() at which each new token was known
+    finished: bool
+    finish_reason: str | None  # "stop" / "length" / "abort" once finished
+    logprobs: tuple[float, ...] = ()  # per new token, when the request asked for logprobs
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()  # per new token: (id, logprob), best first
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    meta: AttnMetadata
+    logits_idx: torch.Tensor  # [N] token indices whose logits are needed: sampled rows first, then score rows
+    sample_seqs: list[Sequence]
+    score_targets: torch.Tensor  # [N - len(sample_seqs)] the token each score row predicts
+    score_counts: list[tuple[Sequence, int]]  # score rows per scoring request, in order
+
+
+class ModelRunner:
+    """Turns a ScheduledBatch into device tensors and runs the model on them."""
+
+    def __init__(self, model: Any, kv: KVCache, bm: BlockManager, device: torch.device,
+                 graphs: "DecodeGraphs | None" = None) -> None:
+        self.model, self.kv, self.bm, self.device = model, kv, bm, device
+        self.P = bm.P
+        self.graphs = graphs
+
+    def prepare(self, batch: ScheduledBatch) -> StepInputs:
+        ids: list[int] = []
+        rows: list[int] = []
+        pos: list[int] = []
+        seq_lens: list[int] = []
+        sample_idx, sample_seqs, score_idx, targets, counts = [], [], [], [], []
+        for seq, n in zip(batch.seqs, batch.num_tokens):
+            start, end = seq.num_computed, seq.num_computed + n
+            base = len(ids)
+            ids += seq.token_slice(start, end)
+            pos += range(start, end)
+            rows += [seq.row] * n
+            seq_lens.append(end)
+            if seq.is_score:
+                lo, hi = max(start, seq.score_from - 1), min(end, seq.num_tokens - 1)
+                score_idx += range(base + lo - start, base + hi - start)
+                targets += seq.token_slice(lo + 1, hi + 1)
+                counts.append((seq, max(hi - lo, 0)))
+            elif end == seq.num_tokens:
+                sample_idx.append(base + n - 1)
+                sample_seqs.append(seq)
+        return self._to_device(batch, ids, pos, rows, seq_lens, sample_idx + score_idx, targets,
+                               sample_seqs, counts)
+
+    def _to_device(self, batch, ids, pos, rows, seq_lens, logits_idx, targets, sample_seqs, counts) -> StepInputs:
+        T, B, N = len(ids), len(seq_lens), len(logits_idx)
+        q_lens = list(batch.num_tokens)
+        starts = [0]
+        for q in q_lens:
+            starts.append(starts[-1] + q)
+        host = torch.tensor(ids + pos + rows + starts + seq_lens + logits_idx + targets, dtype=torch.int64)
+        dev = host.to(self.device, non_blocking=True)
+        cut = [T, T, T, B + 1, B, N, len(targets)]
+        input_ids, positions, rows_t, qsl, lens, idx, tgt = dev.split(cut)
+        self.bm.flush()
+        table = self.bm.table
+        slots = table[rows_t, positions // self.P].long() * self.P + positions % self.P
+        width = -(-max(seq_lens) // self.P)
+        meta = AttnMetadata(query_start_loc=qsl.int(), seq_lens=lens.int(),
+                            block_tables=self.bm.rows_view(batch.seqs, width), slot_mapping=slots,
+                            positions=positions, query_lens_host=q_lens, seq_lens_host=seq_lens)
+        return StepInputs(input_ids, positions, meta, idx, sample_seqs, tgt, counts)
+
+    @torch.inference_mode()
+    def run(self, inputs: StepInputs, batch: ScheduledBatch) -> torch.Tensor:
+        """Logits [N, V] float32 of the rows in inputs.logits_idx."""
+        if self.graphs is not None and self.graphs.fits(batch):
+            hidden = self.graphs.replay(inputs)
+        else:
+            hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv)
+        return self.model.compute_logits(hidden[inputs.logits_idx])
+
+
+def graph_batch_sizes(max_batch_size: int) -> list[int]:
+    """Captured decode sizes: 1, 2, 4, 8, then steps of 8 (a batch runs in the smallest that holds it)."""
+    sizes = [b for b in (1, 2, 4) if b < max_batch_size] + list(range(8, max_batch_size + 8, 8))
+    return sorted({min(b, max_batch_size) for b in sizes})
+
+
+class DecodeGraphs:
+    """CUDA graphs of the model's decode step (one token per request, rows 0..B-1 of the block table).
+
+    Static buffers hold the step's inputs; the graph of size Bp >= B replays with rows B..Bp-1 padded:
+    token 0 at position 0, length 1, written to a scratch page no request owns. The attention backend
+    must be graph-safe (launch sizes from static bounds, no host reads: the host mirrors are stale).
+    """
+
+    def __init__(self, model: Any, kv: KVCache, bm: BlockManager, scratch_page: int, max_batch_size: int) -> None:
+        self.model, self.kv, self.bm = model, kv, bm
+        self.sizes = graph_batch_sizes(max_batch_size)
+        n, dev = self.sizes[-1], bm.table.device
+        self.scratch_slot = scratch_page * bm.P
+        self.ids = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.pos = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.slots = torch.full((n,), self.scratch_slot, dtype=torch.int64, device=dev)
+        self.lens = torch.ones(n, dtype=torch.int32, device=dev)
+        self.qsl = torch.arange(n + 1, dtype=torch.int32, device=dev)
+        self.out = torch.zeros(n, model.cfg.hidden_size, dtype=model.dtype, device=dev)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+
+    def fits(self, batch: ScheduledBatch) -> bool:
+        B = len(batch.seqs)
+        return (B <= self.sizes[-1] and all(n == 1 for n in batch.num_tokens)
+                and not any(s.is_score for s in batch.seqs) and [s.row for s in batch.seqs] == list(range(B)))
+
+    def _meta(self, B: int) -> AttnMetadata:
+        return AttnMetadata(query_start_loc=self.qsl[:B + 1], seq_lens=self.lens[:B], block_tables=self.bm.table[:B],
+                            slot_mapping=self.slots[:B], positions=self.pos[:B], query_lens_host=[1] * B,
+                            seq_lens_host=[1] * B)
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Capture every size, largest first, in one memory pool (warm-up runs write only the scratch page)."""
+        pool = torch.cuda.graph_pool_handle()
+        for B in reversed(self.sizes):
+            meta = self._meta(B)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    self.model(self.ids[:B], self.pos[:B], meta, self.kv)
+            torch.cuda.current_stream().wait_stream(side)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool):
+                self.out[:B] = self.model(self.ids[:B], self.pos[:B], meta, self.kv)
+            self.graphs[B] = g
+
+    def replay(self, inputs: StepInputs) -> torch.Tensor:
+        B = inputs.input_ids.shape[0]
+        Bp = next(b for b in self.sizes if b >= B)
+        self.ids[:B].copy_(inputs.input_ids)
+        self.pos[:B].copy_(inputs.positions)
+        self.slots[:B].copy_(inputs.meta.slot_mapping)
+        self.lens[:B].copy_(inputs.meta.seq_lens)
+        if Bp > B:  # padding rows of an earlier, larger batch must not write into live pages
+            self.ids[B:Bp].zero_(), self.pos[B:Bp].zero_(), self.lens[B:Bp].fill_(1)
+            self.slots[B:Bp].fill_(self.scratch_slot)
+        self.graphs[Bp].replay()
+        return self.out[:B]
+
+
+class Engine:
+    def __init__(self, runner: ModelRunner, scheduler: Scheduler, sampler: Sampler, tokenizer: Any,
+                 eos_token_ids: tuple[int, ...], max_model_len: int) -> None:
+        self.runner, self.scheduler, self.sampler = runner, scheduler, sampler
+        self.tokenizer, self.eos = tokenizer, frozenset(eos_token_ids)
+        self.max_model_len = max_model_len
+
+    def add(self, seq: Sequence) -> None:
+        if seq.params.seed is not None:
+            seq.generator = make_generator(seq.params.seed, self.runner.device)
+        if self.tokenizer is not None and not seq.is_score:
+            seq.detok = Detokenizer(self.tokenizer, seq.prompt_ids)
+        self.scheduler.add(seq)
+        if seq.params.max_tokens == 0 and not seq.is_score:
+            self.scheduler.drop(seq)  # nothing to generate: reported as finished by the next step
+
+    def abort(self, request_id: int) -> bool:
+        seq = self.scheduler.find(request_id)
+        if seq is None:
+            return False
+        self.scheduler.finish(seq, FinishReason.ABORT)
+        return True
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def step(self) -> list[RequestDelta]:
+        """Run one engine step; the deltas of every request that gained tokens or finished."""
+        batch = self.scheduler.schedule()
+        dropped = [_delta(s, (), "", ()) for s in self.scheduler.drain_dropped()]
+        if batch is None:
+            return dropped
+        now = time.time()
+        for seq in batch.seqs:
+            seq.timings.scheduled_s = seq.timings.scheduled_s or now
+        inputs = self.runner.prepare(batch)
+        logits = self.runner.run(inputs, batch)
+        ns = len(inputs.sample_seqs)
+        sampled = self._sample(logits[:ns], inputs.sample_seqs) if ns else None
+        self._score(logits[ns:], inputs)
+        return dropped + self._postprocess(batch, inputs.sample_seqs, sampled)
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
+        banned = [self._banned(s) for s in seqs]
+        return self.sampler(logits, [s.params for s in seqs], [s.generator for s in seqs], banned)
+
+    def _banned(self, seq: Sequence) -> list[int]:
+        """Before min_tokens, EOS (unless ignored) and stop tokens may not be sampled."""
+        if len(seq.output_ids) >= seq.params.min_tokens:
+            return []
+        return sorted((set() if seq.params.ignore_eos else self.eos) | set(seq.params.stop_token_ids))
+
+    def _score(self, logits: torch.Tensor, inputs: StepInputs) -> None:
+        if not inputs.score_counts:
+            return
+        lp = torch.log_softmax(logits.float(), dim=-1)
+        chosen = lp.gather(-1, inputs.score_targets[:, None])[:, 0].tolist()
+        greedy = (lp.argmax(-1) == inputs.score_targets).tolist()
+        at = 0
+        for seq, n in inputs.score_counts:
+            seq.score_logprobs += chosen[at:at + n]
+            seq.score_greedy += greedy[at:at + n]
+            at += n
+
+    def _postprocess(self, batch: ScheduledBatch, sample_seqs: list[Sequence],
+                     sampled: SamplerOutput | None) -> list[RequestDelta]:
+        bm = self.scheduler.bm
+        for seq, n in zip(batch.seqs, batch.num_tokens):
+            seq.num_computed += n
+            bm.commit(seq)
+            if seq.is_score and seq.num_computed == seq.num_tokens:
+                self.scheduler.finish(seq, FinishReason.STOP)
+        if sampled is None:
+            return [_delta(s, (), "", ()) for s in batch.seqs if s.finished]
+        now = time.time()
+        tokens = sampled.token_ids.tolist()  # the one device -> host sync of the step
+        lps = sampled.logprobs.tolist() if sampled.logprobs is not None else None
+        tops = _tops(sampled)
+        deltas = [self._append(seq, tokens[i], now, lps and lps[i], tops and tops[i])
+                  for i, seq in enumerate(sample_seqs)]
+        return deltas + [_delta(s, (), "", ()) for s in batch.seqs if s.is_score and s.finished]
+
+    def _append(self, seq: Sequence, token: int, now: float, lp: float | None, top) -> RequestDelta:
+        seq.output_ids.append(token)
+        seq.timings.token_s.append(now)
+        if seq.params.logprobs is not None:
+            seq.logprobs.append(lp)
+            seq.top_logprobs.append(top[: seq.params.logprobs] if top else [])
+        piece = seq.detok.add(token) if seq.detok is not None else ""
+        seq.text += piece
+        reason = self._stop_reason(seq, token, piece)
+        if reason is not None:
+            if seq.detok is not None:
+                seq.text += seq.detok.flush()
+                _cut_at_stop(seq)
+            self.scheduler.finish(seq, reason)
+        delta = _delta(seq, (token,), _new_text(seq), (now,))
+        if seq.params.logprobs is None:
+            return delta
+        return dataclasses.replace(delta, logprobs=(lp,), top_logprobs=(tuple(seq.top_logprobs[-1]),))
+
+    def _stop_reason(self, seq: Sequence, token: int, piece: str) -> FinishReason | None:
+        p = seq.params
+        n = len(seq.output_ids)
+        stop_id = (token in self.eos and not p.ignore_eos) or token in p.stop_token_ids
+        if n > p.min_tokens and stop_id:  # (the first min_tokens tokens could not be stop ids)
+            return FinishReason.STOP
+        if n >= p.min_tokens and piece and any(s in seq.text[-(len(s) + len(piece)):] for s in p.stop):
+            return FinishReason.STOP
+        if len(seq.output_ids) >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+            return FinishReason.LENGTH
+        return None
+
+
+def _cut_at_stop(seq: Sequence) -> None:
+    """Drop the first stop string and all after it from the text (the token ids stay)."""
+    hits = [i for i in (seq.text.find(s) for s in seq.params.stop) if i >= 0]
+    if hits:
+        seq.text = seq.text[: min(hits)]
+
+
+def _new_text(seq: Sequence) -> str:
+    """Text not yet streamed; while running, hold back what could still become a stop string."""
+    hold = 0 if seq.finished else max((len(s) - 1 for s in seq.params.stop), default=0)
+    end = max(len(seq.text) - hold, seq.num_emitted_chars)
+    out = seq.text[seq.num_emitted_chars:end]
+    seq.num_emitted_chars = end
+    return out
+
+
+def _delta(seq: Sequence, tokens: tuple[int, ...], text: str, times: tuple[float, ...]) -> RequestDelta:
+    reason = seq.finish_reason.value if seq.finished and seq.finish_reason else None
+    return RequestDelta(seq.request_id, tokens, text, times, seq.finished, reason)
+
+
+def _tops(sampled: SamplerOutput) -> list[list[tuple[int, float]]] | None:
+    if sampled.top_ids is None:
+        return None
+    ids, lps = sampled.top_ids.tolist(), sampled.top_logprobs.tolist()
+    return [list(zip(i, lp)) for i, lp in zip(ids, lps)]

@@ -1,0 +1,143 @@
+"""Paged attention entry point for the model: Triton on CUDA, the torch reference on CPU.
+
+    out = paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
+                          scale, selected_blocks=None, max_query_len=16)
+
+q [T, Hq, d]; k_cache / v_cache [pages, Hkv, P, d] bf16/fp16/fp32/float8_e4m3fn, or
+Nvfp4Pages (the format is taken from the cache objects); selected_blocks [T, Hkv, topk] int32
+(-1 padded) restricts each token to those blocks (MSA, page == sparse block).
+max_query_len is a static upper bound of the per-request query lengths (a CUDA-graph-safe
+launch size); None reads it from query_start_loc on the host.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from m3bench.runtime.kernels import reference
+from m3bench.runtime.kernels.backend import (
+    FMT_CODE,
+    KernelBackend,
+    cache_kernel_args,
+    interpreting,
+    next_pow2,
+    prev_pow2,
+    target_programs,
+    use_triton,
+)
+from m3bench.runtime.kernels.kv_quant import PagedTensor, kv_format_of
+
+MAX_SEGMENTS = 128
+MIN_TILES_PER_SEGMENT = 4
+
+
+@dataclass(frozen=True)
+class AttnLaunch:
+    """Launch shape of one paged-attention call (all from static bounds)."""
+
+    block_m: int
+    block_q: int
+    n_qblk: int
+    tile: int
+    n_seg: int
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: PagedTensor,
+    v_cache: PagedTensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    selected_blocks: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    max_query_len: int | None = None,
+    backend: KernelBackend = KernelBackend.AUTO,
+    num_segments: int | None = None,
+    tile: int | None = None,
+) -> torch.Tensor:
+    """Causal paged GQA attention over each token's own prefix (or its selected blocks)."""
+    if not use_triton(backend, q):
+        return reference.paged_attention_ref(
+            q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, selected_blocks, out
+        )
+    if max_query_len is None:
+        max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
+    out = torch.empty_like(q) if out is None else out
+    launch = plan_attention(q, k_cache, block_tables, max_query_len, selected_blocks, num_segments, tile)
+    _launch_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
+                      selected_blocks, out, launch)
+    return out
+
+
+def plan_attention(q, k_cache, block_tables, max_query_len, selected_blocks, num_segments, tile):
+    """Pack G heads x BLOCK_Q tokens into >= 16 rows; split KV when the grid is small."""
+    n_req, hkv, page = block_tables.shape[0], k_cache.shape[1], k_cache.shape[2]
+    group = q.shape[1] // hkv
+    sparse = selected_blocks is not None
+    block_m = 16 if sparse else min(128, max(16, next_pow2(group * max(1, max_query_len))))
+    block_m = max(block_m, next_pow2(group))
+    block_q = 1 if sparse else block_m // group
+    n_qblk = max(1, max_query_len) if sparse else math.ceil(max(1, max_query_len) / block_q)
+    tile = tile or min(page, 64)
+    if sparse:
+        max_iters = selected_blocks.shape[-1] * (page // tile)
+    else:
+        max_iters = math.ceil(block_tables.shape[1] * page / tile)
+    if num_segments is None:
+        programs = n_req * n_qblk * hkv
+        num_segments = min(MAX_SEGMENTS, max(1, target_programs(q) // programs),
+                           max(1, max_iters // MIN_TILES_PER_SEGMENT))
+    return AttnLaunch(block_m, block_q, n_qblk, tile, prev_pow2(num_segments))
+
+
+def _launch_attention(q, k_cache, v_cache, block_tables, seq_lens, qsl, scale, sel, out, launch):
+    from m3bench.runtime.kernels.attention_triton import (
+        _paged_attn_kernel,
+        _reduce_kernel,
+    )
+
+    fmt = kv_format_of(k_cache)
+    if kv_format_of(v_cache) is not fmt:
+        raise ValueError("K and V caches must share one format")
+    kd, ks, kgs = cache_kernel_args(k_cache)
+    vd, vs, vgs = cache_kernel_args(v_cache)
+    n_tok, hq, d = q.shape
+    hkv, page = k_cache.shape[1], k_cache.shape[2]
+    _check_layout(q, out, kd, vd, page, launch.tile, d)
+    n_seg = launch.n_seg
+    part_o = q.new_empty((n_tok, hq, n_seg, d), dtype=torch.float32) if n_seg > 1 else out
+    part_lse = q.new_empty((n_tok, hq, n_seg), dtype=torch.float32) if n_seg > 1 else out
+    sel_t = sel if sel is not None else block_tables
+    sel_strides = (sel.stride(0), sel.stride(1)) if sel is not None else (0, 0)
+    grid = (block_tables.shape[0] * launch.n_qblk, hkv, n_seg)
+    _paged_attn_kernel[grid](
+        q, out, part_o, part_lse, kd, ks, kgs, vd, vs, vgs,
+        block_tables, seq_lens, qsl, sel_t, scale * math.log2(math.e), launch.n_qblk, n_seg,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        *kd.stride()[:3], *ks.stride()[:3], *vd.stride()[:3], *vs.stride()[:3],
+        block_tables.stride(0), *sel_strides,
+        HQ=hq, G=hq // hkv, D=d, PAGE=page, TILE=launch.tile, BLOCK_M=launch.block_m,
+        BLOCK_Q=launch.block_q, SPLIT=n_seg > 1,
+        TOPK=sel.shape[-1] if sel is not None else 1, SPARSE=sel is not None,
+        FMT=FMT_CODE[fmt], F32=q.dtype == torch.float32 or interpreting(), num_warps=4, num_stages=3,
+    )
+    if n_seg > 1:
+        _reduce_kernel[(n_tok, hq)](
+            part_o, part_lse, out, qsl, block_tables.shape[0], out.stride(0), out.stride(1),
+            HQ=hq, D=d, N_SEG=n_seg, num_warps=4,
+        )
+
+
+def _check_layout(q, out, kd, vd, page, tile, d):
+    if d & (d - 1) or d < 16:
+        raise ValueError(f"head_dim must be a power of two >= 16, got {d}")
+    if page % tile or tile < 16:
+        raise ValueError(f"tile {tile} must be >= 16 and divide the page size {page}")
+    for name, t in (("q", q), ("out", out), ("k_cache", kd), ("v_cache", vd)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dim")

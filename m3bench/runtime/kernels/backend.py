@@ -1,0 +1,73 @@
+"""Which implementation a kernel wrapper runs: Triton (CUDA, or CPU under TRITON_INTERPRET=1)
+or the plain-torch reference (the CPU fallback)."""
+
+from __future__ import annotations
+
+import functools
+import os
+from enum import Enum
+
+import torch
+
+from m3bench.runtime.kernels.kv_quant import (
+    KVFormat,
+    Nvfp4Pages,
+    PagedTensor,
+    kv_format_of,
+)
+
+
+class KernelBackend(Enum):
+    AUTO = "auto"  # Triton on CUDA tensors, torch elsewhere
+    TRITON = "triton"
+    TORCH = "torch"
+
+
+def use_triton(backend: KernelBackend, t: torch.Tensor) -> bool:
+    """Resolve AUTO against the tensor's device."""
+    if backend is KernelBackend.AUTO:
+        return t.is_cuda
+    return backend is KernelBackend.TRITON
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@functools.cache
+def sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def target_programs(t: torch.Tensor) -> int:
+    """About two waves of programs on the device (a fixed 8 on CPU, to exercise splitting)."""
+    return 2 * sm_count(t.device.index or 0) if t.is_cuda else 8
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def prev_pow2(n: int) -> int:
+    return 1 << (max(1, int(n)).bit_length() - 1)
+
+
+def global_scale_tensor(gs, device) -> torch.Tensor:
+    """A 1-element fp32 device tensor for an NVFP4 global scale (a float is copied once per call)."""
+    if isinstance(gs, torch.Tensor):
+        return gs.reshape(1).to(device=device, dtype=torch.float32)
+    return torch.tensor([gs], dtype=torch.float32, device=device)
+
+
+FMT_CODE = {KVFormat.PLAIN: 0, KVFormat.FP8: 1, KVFormat.NVFP4: 2}  # kv_tiles_triton.FMT_*
+
+
+def cache_kernel_args(cache: PagedTensor):
+    """(data, scales, global scale) tensors for the kernel; dummies where a format has none."""
+    fmt = kv_format_of(cache)
+    if fmt is KVFormat.NVFP4:
+        assert isinstance(cache, Nvfp4Pages)
+        gs = global_scale_tensor(cache.global_scale, cache.device)
+        return cache.data, cache.scales.view(torch.uint8), gs
+    data = cache.view(torch.uint8) if fmt is KVFormat.FP8 else cache
+    return data, data, data

@@ -1,0 +1,1 @@
+"""Model building blocks: norms, rotary embedding, activations, TP linears, MLP, MoE, attention."""

@@ -1,0 +1,79 @@
+"""Attention layer: fused q|k|v(|index_q|index_k) projection, per-head q/k norm, partial RoPE, the
+MSA index branch on sparse layers, KV-cache write through the slot mapping, then the backend.
+
+At TP, q/k/v heads and index heads split over the world (index head h serves KV head h); with
+fewer KV heads than ranks each KV head (and its index head) is duplicated on world / Hkv ranks, as
+TensorRT-LLM runs M3 at TP8; the single index key head is replicated; o_proj is row-parallel with
+one all-reduce.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from m3bench.runtime.attention.metadata import AttnMetadata
+from m3bench.runtime.config import AttnKind, ModelConfig
+from m3bench.runtime.kv_cache import KVCache
+from m3bench.runtime.layers.linear import ColumnParallelLinear, RowParallelLinear, Segment, WeightSlot
+from m3bench.runtime.layers.norm import RMSNorm
+from m3bench.runtime.layers.rotary import apply_rope
+from m3bench.runtime.parallel import SINGLE, TPGroup
+
+
+def _segments(cfg: ModelConfig, sparse: bool) -> tuple[Segment, ...]:
+    hkv = cfg.num_kv_heads  # fewer KV heads than ranks: each is duplicated (rank r holds r // (world / hkv))
+    segs = [Segment("q_proj", cfg.q_size), Segment("k_proj", cfg.kv_size, heads=hkv),
+            Segment("v_proj", cfg.kv_size, heads=hkv)]
+    if sparse:
+        m = cfg.msa
+        segs += [Segment("index_q_proj", m.index_heads * m.index_dim, heads=m.index_heads),
+                 Segment("index_k_proj", m.index_dim, sharded=False)]
+    return tuple(segs)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, dtype: torch.dtype, device, tp: TPGroup = SINGLE):
+        super().__init__()
+        self.layer, self.cfg = layer, cfg
+        self.sparse = cfg.attn_kinds[layer] is AttnKind.MSA
+        self.head_dim = cfg.head_dim
+        self.scale = cfg.head_dim ** -0.5
+        self.qkv = ColumnParallelLinear(cfg.hidden_size, _segments(cfg, self.sparse), cfg.qkv_bias, dtype, device, tp)
+        self.o_proj = RowParallelLinear(cfg.q_size, cfg.hidden_size, "o_proj", False, dtype, device, tp)
+        norm = lambda dim: RMSNorm(dim, cfg.rms_norm_eps, cfg.norm, dtype, device)  # noqa: E731
+        self.q_norm = norm(cfg.head_dim) if cfg.qk_norm else None
+        self.k_norm = norm(cfg.head_dim) if cfg.qk_norm else None
+        self.index_q_norm = norm(cfg.msa.index_dim) if self.sparse else None
+        self.index_k_norm = norm(cfg.msa.index_dim) if self.sparse else None
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttnMetadata, kv: KVCache,
+                backend) -> torch.Tensor:
+        """x [T, H] (already input-normed) -> [T, H]."""
+        parts = self.qkv.split(self.qkv(x))
+        t, d = x.shape[0], self.head_dim
+        q = self._norm_rope(parts[0].view(t, -1, d), self.q_norm, cos, sin)
+        k = self._norm_rope(parts[1].view(t, -1, d), self.k_norm, cos, sin)
+        v = parts[2].view(t, -1, d)
+        if not self.sparse:
+            kv.write(self.layer, k, v, None, meta.slot_mapping)
+            o = backend.dense(self.layer, q, meta, kv, self.scale)
+        else:
+            di = self.cfg.msa.index_dim
+            iq = self._norm_rope(parts[3].view(t, -1, di), self.index_q_norm, cos, sin)
+            ik = self._norm_rope(parts[4], self.index_k_norm, cos, sin)
+            kv.write(self.layer, k, v, ik, meta.slot_mapping)
+            o = backend.msa(self.layer, q, iq, meta, kv, self.scale, self.cfg.msa)
+        return self.o_proj(o.reshape(t, -1))
+
+    @staticmethod
+    def _norm_rope(x: torch.Tensor, norm: RMSNorm | None, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return apply_rope(x if norm is None else norm(x), cos, sin)
+
+    def slots(self, prefix: str) -> list[WeightSlot]:
+        out = self.qkv.slots(prefix) + self.o_proj.slots(prefix)
+        for name in ("q_norm", "k_norm", "index_q_norm", "index_k_norm"):
+            mod = getattr(self, name)
+            if mod is not None:
+                out.append(WeightSlot(f"{prefix}{name}.weight", mod.weight, None))
+        return out

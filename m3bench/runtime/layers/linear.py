@@ -1,0 +1,111 @@
+"""Tensor-parallel linear layers and the `WeightSlot` each parameter is loaded through.
+
+ColumnParallelLinear splits output rows (heads, intermediate) over the TP world and may fuse
+several canonical tensors ("segments", e.g. q, k, v) into one GEMM; RowParallelLinear splits the
+input dimension and sums the partial products with one all-reduce.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from m3bench.runtime.parallel import SINGLE, TPGroup
+
+
+@dataclass(frozen=True)
+class WeightSlot:
+    """One canonical tensor and where this rank keeps it: `target` is a view into a parameter."""
+
+    name: str
+    target: torch.Tensor
+    shard_dim: int | None  # dimension of the canonical tensor split over TP; None = replicated
+    split: tuple[int, int] | None = None  # (piece, pieces) when not (tp rank, tp world): duplicated heads
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A part of a fused column-parallel output: canonical name stem and full output size."""
+
+    name: str
+    size: int
+    sharded: bool = True
+    heads: int = 0  # > 0: split by these heads, duplicated when fewer than the world (TPGroup.head_split)
+
+    def split(self, tp: TPGroup) -> tuple[int, int] | None:
+        """(piece, pieces) of this segment on this rank; None when replicated."""
+        if not self.sharded:
+            return None
+        return tp.head_split(self.heads, self.name) if self.heads else (tp.rank, tp.world)
+
+    def local_size(self, tp: TPGroup) -> int:
+        split = self.split(tp)
+        if split is None:
+            return self.size
+        if self.size % split[1]:
+            raise ValueError(f"{self.name} {self.size} does not split into {split[1]} pieces")
+        return self.size // split[1]
+
+
+def _param(shape: tuple[int, ...], dtype: torch.dtype, device) -> nn.Parameter:
+    return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
+
+
+class ColumnParallelLinear(nn.Module):
+    """y = x W^T (+ b) with W's rows split over TP; fused segments come out in order."""
+
+    def __init__(self, in_features: int, segments: tuple[Segment, ...], bias: bool, dtype: torch.dtype,
+                 device, tp: TPGroup = SINGLE):
+        super().__init__()
+        self.segments, self.tp = segments, tp
+        self.local_sizes = tuple(s.local_size(tp) for s in segments)
+        out = sum(self.local_sizes)
+        self.weight = _param((out, in_features), dtype, device)
+        self.bias = _param((out,), dtype, device) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def split(self, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return y.split(self.local_sizes, dim=-1)
+
+    def slots(self, prefix: str) -> list[WeightSlot]:
+        out, start = [], 0
+        for seg, n in zip(self.segments, self.local_sizes):
+            dim, split = (0, seg.split(self.tp)) if seg.sharded else (None, None)
+            out.append(WeightSlot(f"{prefix}{seg.name}.weight", self.weight[start:start + n], dim, split))
+            if self.bias is not None:
+                out.append(WeightSlot(f"{prefix}{seg.name}.bias", self.bias[start:start + n], dim, split))
+            start += n
+        return out
+
+
+class RowParallelLinear(nn.Module):
+    """y = all_reduce(x_local W_local^T) (+ b); `reduce=False` leaves the partial sum to the caller."""
+
+    def __init__(self, in_features: int, out_features: int, name: str, bias: bool, dtype: torch.dtype,
+                 device, tp: TPGroup = SINGLE, reduce: bool = True):
+        super().__init__()
+        self.name = name
+        self.tp = tp
+        self.reduce = reduce
+        self.weight = _param((out_features, tp.shard_size(in_features, name)), dtype, device)
+        self.bias = _param((out_features,), dtype, device) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x, self.weight)
+        if self.reduce:
+            y = self.tp.all_reduce(y)
+        # the bias is added once, after the sum (by rank 0 only when the caller reduces later)
+        if self.bias is not None and (self.reduce or self.tp.rank == 0):
+            y = y + self.bias
+        return y
+
+    def slots(self, prefix: str) -> list[WeightSlot]:
+        out = [WeightSlot(f"{prefix}{self.name}.weight", self.weight, 1)]
+        if self.bias is not None:
+            out.append(WeightSlot(f"{prefix}{self.name}.bias", self.bias, None))
+        return out

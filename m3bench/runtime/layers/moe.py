@@ -1,0 +1,121 @@
+"""MoE block: fp32 sigmoid router with correction bias, stacked routed experts, ungated shared expert.
+
+Router: s = sigmoid(x Wg^T); top-k by s + bias; weights = the chosen unbiased s renormalised to
+sum 1, times routed_scaling_factor. moe(x) = sum_k w_k expert_k(x) + shared(x), one all-reduce.
+Experts are stacked parameters: gate|up `[E, 2 I, H]` (gate rows first), down `[E, H, I]`.
+
+Under TP the routed experts are expert-parallel: rank r owns experts [r E/N, (r+1) E/N) whole, and
+the shared expert is split by intermediate size. No tokens are exchanged: attention is tensor-
+(not data-) parallel, so every rank already holds every token's hidden state; each runs the router
+(replicated), its own experts on the assignments routed to them (others' ids fall outside its local
+range and contribute nothing), and the one all-reduce that sums the shared expert's row-parallel
+partials also combines the experts' outputs. An all-to-all dispatch would only pay off with
+attention data parallelism, where ranks hold different tokens. On CUDA the routed experts run as one fused Triton MoE (`kernels.moe.fused_moe`:
+no host reads, CUDA-graph safe); the torch path (tokens grouped by expert with a sort, counts read
+on the host) stays for CPU and float64 and is the reference. `kernel_backend` forces either one.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from m3bench.runtime.config import Activation, MoeConfig
+from m3bench.runtime.kernels.backend import KernelBackend, use_triton
+from m3bench.runtime.kernels.moe import MoeActivation, fused_moe
+from m3bench.runtime.layers.activation import split_gate_up
+from m3bench.runtime.layers.linear import WeightSlot
+from m3bench.runtime.layers.mlp import GatedMLP
+from m3bench.runtime.layers.norm import compute_dtype
+from m3bench.runtime.parallel import SINGLE, TPGroup
+
+
+def route(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, top_k: int,
+          scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, H] -> (weights [T, k] in the router's dtype, expert ids [T, k] int64)."""
+    s = torch.sigmoid(F.linear(x.to(weight.dtype), weight))
+    choice = s if bias is None else s + bias
+    ids = choice.topk(top_k, dim=-1).indices
+    w = s.gather(1, ids)
+    return w / w.sum(-1, keepdim=True) * scale, ids
+
+
+def group_by_expert(ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """ids [T, k] -> (order over T*k assignments sorted by expert, their token index, count per expert)."""
+    flat = ids.flatten()
+    order = flat.argsort(stable=True)
+    counts = torch.bincount(flat, minlength=num_experts).tolist()  # host sync: torch path only
+    return order, order // ids.shape[1], counts
+
+
+class SparseMoe(nn.Module):
+    def __init__(self, hidden: int, m: MoeConfig, act: Activation, alpha: float, limit: float,
+                 dtype: torch.dtype, device, tp: TPGroup = SINGLE):
+        super().__init__()
+        self.m, self.act, self.alpha, self.limit, self.tp = m, act, alpha, limit, tp
+        self.kernel_backend = KernelBackend.AUTO  # AUTO: fused Triton MoE on CUDA, torch elsewhere
+        inter = m.intermediate_size  # routed experts are whole on their rank (expert parallelism)
+        self.first_expert, local = tp.expert_range(m.num_experts)
+        rdt = compute_dtype(dtype)
+        self.router_weight = nn.Parameter(torch.empty(m.num_experts, hidden, dtype=rdt, device=device), False)
+        self.router_bias = (nn.Parameter(torch.empty(m.num_experts, dtype=rdt, device=device), False)
+                            if m.use_routing_bias else None)
+        self.w_gate_up = nn.Parameter(torch.empty(local, 2 * inter, hidden, dtype=dtype, device=device), False)
+        self.w_down = nn.Parameter(torch.empty(local, hidden, inter, dtype=dtype, device=device), False)
+        self.shared = (GatedMLP(hidden, m.shared_intermediate_size, act, alpha, limit, dtype, device, tp,
+                                reduce=False) if m.shared_intermediate_size else None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w, ids = route(x, self.router_weight, self.router_bias, self.m.top_k, self.m.routed_scaling_factor)
+        y = self.experts(x, w, ids - self.first_expert if self.first_expert else ids)  # local expert ids
+        if self.shared is not None:
+            y = y + self.shared(x).to(y.dtype)
+        return self.tp.all_reduce(y).to(x.dtype)
+
+    def experts(self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Routed experts' weighted sum [T, H], accumulated in fp32 (fp64 for fp64 models)."""
+        if x.dtype != torch.float64 and use_triton(self.kernel_backend, x):
+            return self.fused_experts(x, w, ids)
+        return self.torch_experts(x, w, ids)
+
+    def fused_experts(self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """The fused Triton MoE (fp32 accumulation inside; result in x's dtype)."""
+        inter = self.w_down.shape[2]
+        return fused_moe(x.contiguous(), self.w_gate_up[:, :inter], self.w_gate_up[:, inter:], self.w_down,
+                         ids, w, MoeActivation(self.act.value), self.alpha, self.limit,
+                         backend=KernelBackend.TRITON)
+
+    def torch_experts(self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Reference path: tokens grouped by expert with a sort (reads expert counts on the host); ids
+        outside [0, E local) are other ranks' experts and are skipped."""
+        num_local = self.w_down.shape[0]
+        ids = torch.where((ids >= 0) & (ids < num_local), ids, num_local)  # others': one bucket past the end
+        order, tok, counts = group_by_expert(ids, num_local + 1)
+        mine = sum(counts[:num_local])
+        order, tok = order[:mine], tok[:mine]
+        xs = x[tok]
+        out = torch.empty_like(xs)
+        start = 0
+        for e, n in enumerate(counts[:num_local]):
+            if n:
+                h = split_gate_up(xs[start:start + n] @ self.w_gate_up[e].T, self.act, self.alpha, self.limit)
+                out[start:start + n] = h @ self.w_down[e].T
+                start += n
+        acc = compute_dtype(x.dtype)
+        out = out.to(acc) * w.flatten()[order].to(acc)[:, None]
+        return torch.zeros(x.shape, dtype=acc, device=x.device).index_add_(0, tok, out)
+
+    def slots(self, prefix: str) -> list[WeightSlot]:
+        out = [WeightSlot(f"{prefix}router.weight", self.router_weight, None)]
+        if self.router_bias is not None:
+            out.append(WeightSlot(f"{prefix}router.bias", self.router_bias, None))
+        inter = self.w_down.shape[2]
+        for e in range(self.w_down.shape[0]):  # this rank's experts only, each whole
+            p = f"{prefix}experts.{self.first_expert + e}."
+            out += [WeightSlot(f"{p}gate_proj.weight", self.w_gate_up[e, :inter], None),
+                    WeightSlot(f"{p}up_proj.weight", self.w_gate_up[e, inter:], None),
+                    WeightSlot(f"{p}down_proj.weight", self.w_down[e], None)]
+        if self.shared is not None:
+            out += self.shared.slots(f"{prefix}shared.")
+        return out

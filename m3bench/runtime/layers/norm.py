@@ -1,0 +1,40 @@
+"""RMSNorm computed in fp32 (or fp64 for fp64 inputs): Gemma `(1 + w)` or plain `w` scaling."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from m3bench.runtime.config import NormKind
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """fp32 for low-precision tensors, the tensor's own dtype for fp32 / fp64."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, kind: NormKind) -> torch.Tensor:
+    """Normalise the last dimension of x; the result has x's dtype."""
+    ct = compute_dtype(x.dtype)
+    xf = x.to(ct)
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    w = weight.to(ct)
+    y = y * (1.0 + w) if kind is NormKind.GEMMA else y * w
+    return y.to(x.dtype)
+
+
+def neutral_value(kind: NormKind) -> float:
+    """The weight value at which the norm only normalises (0 for Gemma, 1 for plain)."""
+    return 0.0 if kind is NormKind.GEMMA else 1.0
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float, kind: NormKind, dtype: torch.dtype, device: torch.device | str):
+        super().__init__()
+        self.eps = eps
+        self.kind = kind
+        self.weight = nn.Parameter(torch.full((dim,), neutral_value(kind), dtype=dtype, device=device),
+                                   requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps, self.kind)

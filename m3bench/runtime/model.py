@@ -1,0 +1,188 @@
+"""M3ForCausalLM: MiniMax-M3 (dense or MSA attention, dense MLP or MoE per layer) and, as the
+degenerate case, Llama / Qwen2 / Qwen3. Tokens of all sequences of a step come flattened.
+
+    model = M3ForCausalLM(cfg, dtype=torch.bfloat16, device="cuda")
+    model.load_weights(reader)          # or model.load_canonical(weights) / model.init_dummy(seed)
+    hidden = model(input_ids, positions, meta, kv)     # [T, H], after the final norm
+    logits = model.compute_logits(hidden[last_idx])    # [N, V] float32
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from m3bench.runtime.attention.metadata import AttnMetadata
+from m3bench.runtime.attention.torch_backend import TorchBackend
+from m3bench.runtime.config import MlpKind, ModelConfig
+from m3bench.runtime.errors import CheckpointError
+from m3bench.runtime.kv_cache import KVCache
+from m3bench.runtime.layers.attention import Attention
+from m3bench.runtime.layers.linear import WeightSlot
+from m3bench.runtime.layers.mlp import GatedMLP
+from m3bench.runtime.layers.moe import SparseMoe
+from m3bench.runtime.layers.norm import RMSNorm, neutral_value
+from m3bench.runtime.layers.rotary import RotaryEmbedding
+from m3bench.runtime.parallel import SINGLE, TPGroup
+
+
+@dataclass(frozen=True)
+class CaptureSpec:
+    """Copy the residual stream at the input of `layers` into buffer[:T, i] (Eagle3 features)."""
+
+    layers: tuple[int, ...]
+    buffer: torch.Tensor  # [max_tokens, len(layers), H], model dtype, preallocated
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, dtype: torch.dtype, device, tp: TPGroup):
+        super().__init__()
+        self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm, dtype, device)
+        self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm, dtype, device)
+        self.attn = Attention(cfg, layer, dtype, device, tp)
+        act = (cfg.activation, cfg.swiglu_alpha, cfg.swiglu_limit)
+        if cfg.mlp_kinds[layer] is MlpKind.MOE:
+            self.mlp = SparseMoe(cfg.hidden_size, cfg.moe, *act, dtype, device, tp)
+        else:
+            self.mlp = GatedMLP(cfg.hidden_size, cfg.dense_intermediate_size, *act, dtype, device, tp)
+        self.mlp_prefix = "moe." if cfg.mlp_kinds[layer] is MlpKind.MOE else "mlp."
+
+    def forward(self, h: torch.Tensor, cos, sin, meta: AttnMetadata, kv: KVCache, backend) -> torch.Tensor:
+        h = h + self.attn(self.input_norm(h), cos, sin, meta, kv, backend)
+        return h + self.mlp(self.post_attn_norm(h))
+
+    def slots(self, prefix: str) -> list[WeightSlot]:
+        return [WeightSlot(f"{prefix}input_norm.weight", self.input_norm.weight, None),
+                WeightSlot(f"{prefix}post_attn_norm.weight", self.post_attn_norm.weight, None),
+                *self.attn.slots(f"{prefix}attn."), *self.mlp.slots(f"{prefix}{self.mlp_prefix}")]
+
+
+class M3ForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                 tp: TPGroup | None = None, backend=None):
+        super().__init__()
+        self.cfg, self.dtype, self.device = cfg, dtype, torch.device(device)
+        self.tp = tp or SINGLE
+        self.backend = backend or TorchBackend()
+        vocab_local = self.tp.shard_size(cfg.vocab_size, "vocab_size")  # embedding and lm_head: vocab-parallel
+        self.embed_tokens = nn.Parameter(torch.empty(vocab_local, cfg.hidden_size, dtype=dtype, device=device),
+                                         requires_grad=False)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype, device, self.tp) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm, dtype, device)
+        self.rope = RotaryEmbedding(cfg.rotary_dim, cfg.rope_theta, cfg.rope_scaling, device)
+        self.lm_head = (None if cfg.tie_word_embeddings else
+                        nn.Parameter(torch.empty(vocab_local, cfg.hidden_size, dtype=dtype, device=device), False))
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttnMetadata, kv: KVCache,
+                capture: CaptureSpec | None = None) -> torch.Tensor:
+        """input_ids, positions [T] -> final-normed hidden [T, H]; K/V of the tokens land in kv."""
+        h = self.embed(input_ids)
+        cos, sin = self.rope.cos_sin(positions)
+        for i, layer in enumerate(self.layers):
+            if capture is not None and i in capture.layers:
+                capture.buffer[:h.shape[0], capture.layers.index(i)].copy_(h)
+            h = layer(h, cos, sin, meta, kv, self.backend)
+        return self.norm(h)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[T] -> [T, H]; under TP each rank looks up the ids of its vocab rows, zeros elsewhere, then sums."""
+        if self.tp.world == 1:
+            return F.embedding(input_ids, self.embed_tokens)
+        n = self.embed_tokens.shape[0]
+        local = input_ids - self.tp.rank * n
+        mine = (local >= 0) & (local < n)
+        h = F.embedding(torch.where(mine, local, 0), self.embed_tokens).masked_fill_(~mine[:, None], 0)
+        return self.tp.all_reduce(h)
+
+    def lm_head_weight(self) -> torch.Tensor:
+        """This rank's vocab rows of the output projection (the embedding's when tied)."""
+        return self.embed_tokens if self.lm_head is None else self.lm_head
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, H] -> logits [N, V] float32 (fp64 for fp64 models)."""
+        logits = F.linear(hidden, self.lm_head_weight())
+        return self.tp.all_gather(logits, dim=-1).to(torch.promote_types(logits.dtype, torch.float32))
+
+    def weight_slots(self) -> list[WeightSlot]:
+        """Every canonical tensor this rank owns, with where it goes and how it is sharded."""
+        out = [WeightSlot("embed_tokens.weight", self.embed_tokens, 0)]
+        for i, layer in enumerate(self.layers):
+            out += layer.slots(f"layers.{i}.")
+        out.append(WeightSlot("norm.weight", self.norm.weight, None))
+        if self.lm_head is not None:
+            out.append(WeightSlot("lm_head.weight", self.lm_head, 0))
+        return out
+
+    @torch.no_grad()
+    def load_weights(self, reader) -> None:
+        """Fill every parameter through `reader.get(name, dtype=..., shard=...)` (CheckpointReader)."""
+        for slot in self.weight_slots():
+            slot.target.copy_(reader.get(slot.name, dtype=slot.target.dtype, shard=self._shard(slot)))
+
+    def _shard(self, slot: WeightSlot):
+        if slot.shard_dim is None or self.tp.world == 1:
+            return None
+        from m3bench.runtime.checkpoint import Shard
+
+        piece, pieces = slot.split or (self.tp.rank, self.tp.world)
+        return Shard(slot.shard_dim, piece, pieces)
+
+    @torch.no_grad()
+    def load_canonical(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Fill every parameter from a dict of canonical names (full, unsharded tensors)."""
+        slots = self.weight_slots()
+        wanted = {s.name for s in slots}
+        others = {n for n in weights if ".moe.experts." in n and n not in wanted} if self.tp.world > 1 else set()
+        _check_names(wanted, set(weights) - others, self.cfg.tie_word_embeddings)  # others: other ranks' experts
+        for slot in slots:
+            slot.target.copy_(self._local(weights[slot.name], slot))
+
+    def _local(self, full: torch.Tensor, slot: WeightSlot) -> torch.Tensor:
+        if slot.shard_dim is None or self.tp.world == 1:
+            return full
+        piece, pieces = slot.split or (self.tp.rank, self.tp.world)
+        n = full.shape[slot.shard_dim] // pieces
+        return full.narrow(slot.shard_dim, piece * n, n)
+
+    @torch.no_grad()
+    def init_dummy(self, seed: int = 0) -> None:
+        """Random weights for benchmarking: matrices N(0, 1/fan_in), norms near neutral, never zeros."""
+        if self.tp.world > 1:  # every rank draws each full tensor from its own seed, then keeps its shard
+            for slot in self.weight_slots():
+                self._dummy_shard(slot, seed)
+            return
+        g = torch.Generator(device=self.device).manual_seed(seed)
+        for slot in self.weight_slots():
+            _dummy_fill(slot, self.cfg, g)
+
+    def _dummy_shard(self, slot: WeightSlot, seed: int) -> None:
+        g = torch.Generator(device=self.device).manual_seed(seed * 1_000_003 + zlib.crc32(slot.name.encode()))
+        shape = list(slot.target.shape)
+        if slot.shard_dim is not None:
+            shape[slot.shard_dim] *= (slot.split or (0, self.tp.world))[1]
+        full = torch.empty(shape, dtype=slot.target.dtype, device=self.device)
+        _dummy_fill(WeightSlot(slot.name, full, None), self.cfg, g)
+        slot.target.copy_(self._local(full, slot))
+
+
+def _dummy_fill(slot: WeightSlot, cfg: ModelConfig, g: torch.Generator) -> None:
+    t = slot.target
+    if slot.name.endswith("norm.weight"):
+        t.normal_(0.0, 0.05, generator=g).add_(neutral_value(cfg.norm))
+    elif t.dim() == 1:  # biases (qkv, router correction)
+        t.normal_(0.0, 0.02, generator=g)
+    else:
+        t.normal_(0.0, t.shape[-1] ** -0.5, generator=g)
+
+
+def _check_names(wanted: set[str], given: set[str], tied: bool) -> None:
+    missing = sorted(wanted - given)
+    extra = sorted(given - wanted - ({"lm_head.weight"} if tied else set()))
+    if missing or extra:
+        raise CheckpointError(f"canonical weights: missing {missing[:5]} ({len(missing)}), "
+                              f"unexpected {extra[:5]} ({len(extra)})")

@@ -1,0 +1,302 @@
+"""The one-model Eagle3 loop's device work: the target step with verify chunks, verification, drafting.
+
+    spec = SpecRunner(model, kv, bm, draft, layout, SpecConfig(...), capture_layers, max_tokens, generator)
+    step = spec.prepare(batch)                 # verify rows run [last token, d_1..d_K]; others as scheduled
+    logits = spec.run_target(step)             # captures the residuals at the capture layers (no sync)
+    res = spec.verify(logits[:nv * (K + 1)], step)
+    ... the engine appends res's tokens and rolls lengths back ...
+    spec.propose(extends)                      # draft: extend over the newly verified tokens, chain K - 1 more
+
+Position contract (tests/runtime/speculative/test_spec_loop.py): the target's KV holds positions [0, L)
+and token L is known but not cached. A verify row runs tokens [t_L, d_1..d_K] at positions
+[L, L + K]; a accepted -> L' = L + a + 1 (rejected positions stay in the cache as stale values past
+the length, overwritten later: rollback by lengths, never by copies). The draft's position p pairs
+token p + 1 with the target's feature at p: its extend runs tokens [L + 1, L'] at positions [L, L'),
+then chain step i = 1..K-1 feeds d_i at position L' - 1 + i.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from m3bench.runtime.attention.metadata import AttnMetadata
+from m3bench.runtime.block_manager import BlockManager
+from m3bench.runtime.kv_cache import KVCache
+from m3bench.runtime.model import CaptureSpec
+from m3bench.runtime.scheduler import ScheduledBatch
+from m3bench.runtime.sequence import Sequence
+from m3bench.runtime.speculative.config import SpecConfig
+from m3bench.runtime.speculative.draft import Eagle3Draft
+from m3bench.runtime.speculative.draft_kv import draft_slots
+from m3bench.runtime.speculative.propose import sample_draft
+from m3bench.runtime.speculative.stats import AcceptanceRecord
+from m3bench.runtime.speculative.synthetic import SyntheticAcceptance, force_acceptance
+from m3bench.runtime.speculative.verify import (
+    VerifyResult, draw_uniforms, target_distribution, verify_greedy, verify_sampled,
+)
+
+
+@dataclass
+class DraftState:
+    drafts: list[int]  # target-vocabulary ids the next verify checks (empty: decode without drafts)
+    q: torch.Tensor | None = None  # [K, V] the distributions they were drawn from (sampled requests)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One request in the target step."""
+
+    seq: Sequence
+    start: int  # num_computed before the step
+    length: int  # tokens run (1 + K for a verify row)
+    base: int  # index of its first token among the step's tokens
+    drafts: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class TargetStep:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttnMetadata
+    logits_idx: torch.Tensor  # verify rows' 1 + K each, then plain sample rows, then score rows
+    rows: list[Row]
+    verify: list[Row]
+    plain: list[Row]  # sampled by the engine's sampler (prefill ends, requests under min_tokens)
+    draft_tokens: torch.Tensor  # [len(verify), K]
+    score_targets: torch.Tensor
+    score_counts: list[tuple[Sequence, int]]
+
+
+@dataclass(frozen=True)
+class Extend:
+    """Draft work for one request after the step: positions [start, end), then K chained drafts if propose."""
+
+    seq: Sequence
+    start: int
+    end: int
+    feature_rows: list[int]  # rows of the capture buffer holding the target's features at start..end-1
+    propose: bool
+
+
+def eligible(seq: Sequence) -> bool:
+    """Requests still under min_tokens (stop tokens banned) decode one token at a time."""
+    return len(seq.output_ids) >= seq.params.min_tokens
+
+
+class SpecRunner:
+    def __init__(self, model: Any, kv: KVCache, bm: BlockManager, draft: Eagle3Draft, layout: Any,
+                 spec: SpecConfig, capture_layers: tuple[int, ...], max_tokens: int,
+                 generator: torch.Generator) -> None:
+        self.model, self.kv, self.bm, self.draft, self.layout = model, kv, bm, draft, layout
+        self.K, self.spec, self.device = spec.draft_len, spec, model.device
+        buf = torch.zeros(max_tokens, len(capture_layers), model.cfg.hidden_size, dtype=model.dtype,
+                          device=model.device)
+        self.capture = CaptureSpec(tuple(capture_layers), buf)
+        self.generator = generator  # the sampler's, for unseeded requests
+        al = spec.synthetic_acceptance_length
+        self.synth = None if al is None else SyntheticAcceptance(al, spec.seed, model.device)
+        self.states: dict[int, DraftState] = {}
+        self.records: dict[int, AcceptanceRecord] = {}
+
+    def release(self, seq: Sequence) -> None:
+        """The target freed the request's pages (finish, abort, preemption): its draft state goes too."""
+        self.states.pop(seq.request_id, None)
+        self.layout.release(seq)
+
+    def record(self, seq: Sequence) -> AcceptanceRecord:
+        return self.records.setdefault(seq.request_id, AcceptanceRecord())
+
+    # ---- target step ---------------------------------------------------------------------------
+    def prepare(self, batch: ScheduledBatch) -> TargetStep:
+        h = _HostStep()
+        for seq, n in zip(batch.seqs, batch.num_tokens):
+            st = self.states.get(seq.request_id)
+            drafts = st.drafts if st is not None and seq.num_to_compute == 1 else []
+            h.add(seq, n, drafts)
+        return self._to_device(batch, h)
+
+    def _to_device(self, batch: ScheduledBatch, h: "_HostStep") -> TargetStep:
+        T, B = len(h.ids), len(h.seq_lens)
+        idx = h.verify_idx + h.plain_idx + h.score_idx
+        host = torch.tensor(h.ids + h.pos + h.rows + h.starts + h.seq_lens + idx + h.targets + h.drafts,
+                            dtype=torch.int64)
+        dev = host.to(self.device, non_blocking=True)
+        ids, pos, rows, qsl, lens, lidx, tgt, drafts = dev.split(
+            [T, T, T, B + 1, B, len(idx), len(h.targets), len(h.drafts)])
+        self.bm.flush()
+        P = self.bm.P
+        slots = self.bm.table[rows, pos // P].long() * P + pos % P
+        meta = AttnMetadata(query_start_loc=qsl.int(), seq_lens=lens.int(),
+                            block_tables=self.bm.rows_view(batch.seqs, -(-max(h.seq_lens) // P)),
+                            slot_mapping=slots, positions=pos, query_lens_host=h.q_lens, seq_lens_host=h.seq_lens)
+        return TargetStep(ids, pos, meta, lidx, h.row_list, h.verify, h.plain, drafts.view(-1, self.K), tgt,
+                          h.counts)
+
+    @torch.inference_mode()
+    def run_target(self, step: TargetStep) -> torch.Tensor:
+        """Logits [N, V] float32 of step.logits_idx; the capture-layer residuals land in the buffer."""
+        hidden = self.model(step.input_ids, step.positions, step.meta, self.kv, self.capture)
+        return self.model.compute_logits(hidden[step.logits_idx])
+
+    # ---- verification --------------------------------------------------------------------------
+    @torch.inference_mode()
+    def verify(self, logits: torch.Tensor, step: TargetStep) -> VerifyResult:
+        """Accepted counts and emitted tokens of the verify rows ([nv * (K + 1), V] logits)."""
+        seqs = [r.seq for r in step.verify]
+        target = logits.view(len(seqs), self.K + 1, -1)
+        num_draft = torch.full((len(seqs),), self.K, dtype=torch.int64, device=self.device)
+        if self.synth is not None:
+            return force_acceptance(step.draft_tokens, self._target_picks(target, seqs), self.synth.draw(num_draft))
+        if all(s.params.greedy for s in seqs):
+            return verify_greedy(target, step.draft_tokens, num_draft)
+        p = target_distribution(target, [s.params for s in seqs])
+        q = torch.stack([self._draft_probs(r, p.shape[-1]) for r in step.verify])
+        u = draw_uniforms([self.K] * len(seqs), self.K, [s.generator for s in seqs], self.generator, self.device)
+        greedy = torch.tensor([s.params.greedy for s in seqs], device=self.device)
+        return verify_sampled(p, q, step.draft_tokens, num_draft, greedy, u)
+
+    def _draft_probs(self, row: Row, vocab: int) -> torch.Tensor:
+        q = self.states[row.seq.request_id].q
+        if q is not None:
+            return q
+        ids = torch.tensor(row.drafts, device=self.device)  # greedy drafts: one-hot (unused by greedy rows)
+        return torch.nn.functional.one_hot(ids, vocab).float()
+
+    def _target_picks(self, target: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """[B, K+1] the target's own token at each position: argmax, or a draw for sampled requests."""
+        picks = target.argmax(-1)
+        if all(s.params.greedy for s in seqs):
+            return picks
+        p = target_distribution(target, [s.params for s in seqs]).flatten(0, 1)
+        drawn = torch.multinomial(p, 1, generator=self.generator).view(picks.shape)
+        greedy = torch.tensor([s.params.greedy for s in seqs], device=self.device)[:, None]
+        return torch.where(greedy, picks, drawn)
+
+    # ---- drafting ------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def propose(self, extends: list[Extend]) -> None:
+        """Extend the draft's KV over the newly verified positions; chain K drafts for proposing rows."""
+        for e in extends:
+            self.states[e.seq.request_id] = DraftState([])
+            self.layout.reserve(e.seq, e.end + (self.K - 1 if e.propose else 0))
+        if not extends:
+            return
+        h = _HostDraft(extends)
+        max_len = max(e.end + (self.K - 1 if e.propose else 0) for e in extends)
+        tables = self.layout.tables([e.seq for e in extends], max_len)
+        dev = torch.tensor(h.flat(), dtype=torch.int64).to(self.device, non_blocking=True)
+        tok, pos, trow, feat, qsl, lens, last, ends, prow = dev.split(h.sizes())
+        meta = AttnMetadata(qsl.int(), lens.int(), tables, draft_slots(tables, trow, pos, self.layout.page_size),
+                            pos, h.q_lens, h.lens)
+        out = self.draft(tok, pos, self.draft.combine_features(self.capture.buffer[feat]), meta, self.layout.store)
+        if h.proposing:
+            self._chain(h, out.hidden[last], out.feature[last], tables[prow], ends)
+
+    def _chain(self, h: "_HostDraft", hidden: torch.Tensor, feature: torch.Tensor, tables: torch.Tensor,
+               ends: torch.Tensor) -> None:
+        seqs = [e.seq for e in h.proposing]
+        b = len(seqs)
+        tok, q = self._pick(self.draft.compute_logits(hidden), seqs)
+        toks, qs = [tok], [q]
+        arange = torch.arange(b + 1, dtype=torch.int32, device=self.device)
+        for i in range(1, self.K):
+            pos = ends - 1 + i
+            slots = draft_slots(tables, arange[:b].long(), pos, self.layout.page_size)
+            meta = AttnMetadata(arange, (ends + i).int(), tables, slots, pos, [1] * b, [e.end + i for e in h.proposing])
+            out = self.draft(tok, pos, feature, meta, self.layout.store)
+            tok, q = self._pick(self.draft.compute_logits(out.hidden), seqs)
+            feature = out.feature
+            toks.append(tok)
+            qs.append(q)
+        drafts = torch.stack(toks, dim=1).tolist()  # the draft phase's one device -> host sync
+        probs = torch.stack(qs, dim=1) if qs[0] is not None else None
+        for i, seq in enumerate(seqs):
+            self.states[seq.request_id] = DraftState(drafts[i], None if probs is None else probs[i])
+
+    def _pick(self, logits: torch.Tensor, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Next draft token per row (target ids) and, for sampled batches, the distribution it came from."""
+        if all(s.params.greedy for s in seqs):
+            return self.draft.to_target_ids(logits.argmax(-1)), None
+        s = sample_draft(logits, [x.params.temperature for x in seqs], [x.generator for x in seqs], self.generator)
+        return self.draft.to_target_ids(s.token_ids), self.draft.probs_to_target(s.probs)
+
+
+class _HostStep:
+    """Host lists of one target step, filled request by request."""
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self.pos: list[int] = []
+        self.rows: list[int] = []
+        self.starts, self.seq_lens, self.q_lens = [0], [], []
+        self.verify_idx, self.plain_idx, self.score_idx, self.targets, self.drafts = [], [], [], [], []
+        self.row_list: list[Row] = []
+        self.verify: list[Row] = []
+        self.plain: list[Row] = []
+        self.counts: list[tuple[Sequence, int]] = []
+
+    def add(self, seq: Sequence, n: int, drafts: list[int]) -> None:
+        start, base = seq.num_computed, len(self.ids)
+        chunk = seq.token_slice(start, start + n) + list(drafts)
+        row = Row(seq, start, len(chunk), base, tuple(drafts))
+        self.ids += chunk
+        self.pos += range(start, start + len(chunk))
+        self.rows += [seq.row] * len(chunk)
+        self.seq_lens.append(start + len(chunk))
+        self.q_lens.append(len(chunk))
+        self.starts.append(len(self.ids))
+        self.row_list.append(row)
+        if seq.is_score:
+            self._score(seq, start, start + n, base)
+        elif start + n == seq.num_tokens:
+            self._sample(row)
+
+    def _sample(self, row: Row) -> None:
+        if row.drafts:
+            self.verify.append(row)
+            self.verify_idx += range(row.base, row.base + row.length)
+            self.drafts += row.drafts
+        else:
+            self.plain.append(row)
+            self.plain_idx.append(row.base + row.length - 1)
+
+    def _score(self, seq: Sequence, start: int, end: int, base: int) -> None:
+        lo, hi = max(start, seq.score_from - 1), min(end, seq.num_tokens - 1)
+        self.score_idx += range(base + lo - start, base + hi - start)
+        self.targets += seq.token_slice(lo + 1, hi + 1)
+        self.counts.append((seq, max(hi - lo, 0)))
+
+
+class _HostDraft:
+    """Host lists of the draft's extend step (all rows) and of the chain (proposing rows)."""
+
+    def __init__(self, extends: list[Extend]) -> None:
+        self.tok, self.pos, self.trow, self.feat = [], [], [], []
+        self.qsl, self.lens, self.q_lens = [0], [], []
+        self.last, self.ends, self.prow = [], [], []
+        self.proposing: list[Extend] = []
+        for i, e in enumerate(extends):
+            n = e.end - e.start
+            self.tok += e.seq.token_slice(e.start + 1, e.end + 1)
+            self.pos += range(e.start, e.end)
+            self.trow += [i] * n
+            self.feat += e.feature_rows
+            self.qsl.append(len(self.tok))
+            self.lens.append(e.end)
+            self.q_lens.append(n)
+            if e.propose:
+                self.last.append(len(self.tok) - 1)
+                self.ends.append(e.end)
+                self.prow.append(i)
+                self.proposing.append(e)
+
+    def flat(self) -> list[int]:
+        return (self.tok + self.pos + self.trow + self.feat + self.qsl + self.lens + self.last + self.ends
+                + self.prow)
+
+    def sizes(self) -> list[int]:
+        t, b, p = len(self.tok), len(self.lens), len(self.last)
+        return [t, t, t, t, b + 1, b, p, p, p]

@@ -1,0 +1,125 @@
+"""Verification of chain drafts on the device, batched: greedy matching and rejection sampling.
+
+    res = verify_greedy(target_logits[B, K+1, V], draft_tokens[B, K], num_draft[B])
+    p = target_distribution(target_logits, params)               # [B, K+1, V], as the sampler samples
+    u = draw_uniforms(num_draft_host, K, generators, fallback, device)          # [B, K+1]
+    res = verify_sampled(p, draft_probs[B, K, V], draft_tokens, num_draft, greedy[B], u)
+    res.num_accepted [B], res.output_tokens [B, K+1] (-1 padded), res.num_emitted = num_accepted + 1
+
+Row b carries num_draft[b] <= K draft tokens (padding beyond is ignored); position t of the target
+scores the token after draft prefix t (t = 0: after the last verified token). Emitted per row:
+the accepted draft prefix, then one more token (correction on a rejection, bonus when all pass).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from m3bench.runtime.sampler import top_k_top_p
+from m3bench.runtime.sequence import SamplingParams
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    num_accepted: torch.Tensor  # [B] int64 accepted draft tokens
+    output_tokens: torch.Tensor  # [B, K+1] int64: accepted drafts, then the bonus/correction token, then -1
+
+    @property
+    def num_emitted(self) -> torch.Tensor:
+        return self.num_accepted + 1
+
+
+def _valid(num_draft: torch.Tensor, k: int) -> torch.Tensor:
+    """[B, K] bool: position t holds a real draft token."""
+    return torch.arange(k, device=num_draft.device)[None, :] < num_draft[:, None]
+
+
+def assemble_result(draft_tokens: torch.Tensor, accepted_mask: torch.Tensor, last: torch.Tensor) -> VerifyResult:
+    """Accepted prefix mask [B, K] and the final token [B] -> padded outputs."""
+    n = accepted_mask.sum(dim=1)
+    b, k = draft_tokens.shape
+    out = torch.full((b, k + 1), -1, dtype=torch.int64, device=draft_tokens.device)
+    out[:, :k] = torch.where(accepted_mask, draft_tokens.long(), out[:, :k])
+    out.scatter_(1, n[:, None], last.long()[:, None])
+    return VerifyResult(num_accepted=n, output_tokens=out)
+
+
+def verify_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor, num_draft: torch.Tensor) -> VerifyResult:
+    """Accept the longest draft prefix equal to the target's argmax; then emit the argmax after it."""
+    top = target_logits.argmax(dim=-1)  # [B, K+1]
+    k = draft_tokens.shape[1]
+    match = (draft_tokens.long() == top[:, :k]) & _valid(num_draft, k)
+    accepted = match.long().cumprod(dim=1).bool()
+    last = top.gather(1, accepted.sum(dim=1, keepdim=True)).squeeze(1)
+    return assemble_result(draft_tokens, accepted, last)
+
+
+def target_distribution(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """[B, K+1, V] logits -> the probabilities the sampler draws from: softmax of top-k / top-p
+    filtered logits / T, row b with params[b] (T = 0 rows use T = 1: only their argmax matters)."""
+    b, n, v = logits.shape
+    x = logits.float() / torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params],
+                                      device=logits.device)[:, None, None]
+    if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
+        x = top_k_top_p(x.reshape(b * n, v), [p.top_k for p in params for _ in range(n)],
+                        [p.top_p for p in params for _ in range(n)]).view(b, n, v)
+    return torch.softmax(x, dim=-1)
+
+
+def draw_uniforms(num_draft: Sequence[int], k: int, generators: Sequence[torch.Generator | None],
+                  fallback: torch.Generator, device: torch.device | str) -> torch.Tensor:
+    """[B, K+1] U[0,1): row b takes num_draft[b] + 1 draws from its own generator (else `fallback`):
+    columns [0, num_draft[b]) for the acceptance tests, column K for the final sample.
+
+    A seeded request's draws depend only on its own generator and draft count, not the batch."""
+    rows = []
+    for n, g in zip(num_draft, generators):
+        gen = g if g is not None else fallback
+        draws = torch.rand(n + 1, generator=gen, dtype=torch.float64, device=gen.device).to(device)
+        rows.append(torch.cat((draws[:n], draws.new_zeros(k - n), draws[n:])))
+    return torch.stack(rows)
+
+
+def _sample_inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """One draw per row of the unnormalised [B, V] probs with uniforms u [B] (float64 cumsum)."""
+    c = probs.double().cumsum(dim=1)
+    idx = torch.searchsorted(c, (u * c[:, -1])[:, None], right=True).squeeze(1)
+    return idx.clamp(max=probs.shape[1] - 1)
+
+
+def _residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """max(0, p - q) per row, or p itself where that is all zero (p == q: no rejection can occur)."""
+    r = (p - q).clamp(min=0)
+    empty = r.sum(dim=1, keepdim=True) <= 0
+    return torch.where(empty, p, r)
+
+
+def verify_sampled(target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_tokens: torch.Tensor,
+                   num_draft: torch.Tensor, greedy: torch.Tensor, uniforms: torch.Tensor) -> VerifyResult:
+    """Rejection sampling (Leviathan et al. / Chen et al.): the emitted tokens follow target_probs.
+
+    Draft token x at position t is accepted iff u_t * q(x) < p(x) (probability min(1, p/q)); the
+    first rejection is replaced by a draw from normalize(max(0, p - q)); when all pass, a bonus
+    token is drawn from p at position num_draft. Rows with greedy[b] get `verify_greedy` exactly.
+    target_probs [B, K+1, V] and draft_probs [B, K, V] are the distributions actually sampled from
+    (after temperature / top-k / top-p), in the target vocabulary.
+    """
+    b, k = draft_tokens.shape
+    x = draft_tokens.long().clamp(min=0)[..., None]
+    px = target_probs[:, :k].gather(2, x).squeeze(2).double()
+    qx = draft_probs.gather(2, x).squeeze(2).double()
+    accept = (uniforms[:, :k] * qx < px) & _valid(num_draft, k)
+    accepted = accept.long().cumprod(dim=1).bool()
+    n = accepted.sum(dim=1)
+    rows = torch.arange(b, device=n.device)
+    p_n = target_probs[rows, n].double()
+    q_n = torch.cat((draft_probs, draft_probs.new_zeros(b, 1, draft_probs.shape[2])), dim=1)[rows, n].double()
+    dist = torch.where((n < num_draft)[:, None], _residual(p_n, q_n), p_n)
+    last = _sample_inverse_cdf(dist, uniforms[:, k].double())
+    sampled = assemble_result(draft_tokens, accepted, last)
+    exact = verify_greedy(target_probs, draft_tokens, num_draft)
+    return VerifyResult(num_accepted=torch.where(greedy, exact.num_accepted, sampled.num_accepted),
+                        output_tokens=torch.where(greedy[:, None], exact.output_tokens, sampled.output_tokens))

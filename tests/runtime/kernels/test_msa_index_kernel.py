@@ -1,0 +1,91 @@
+"""Triton MSA indexer (interpreter) vs the torch reference: scores, forced blocks, top-k."""
+
+import pytest
+import torch
+
+from m3bench.runtime.kernels import kv_quant as kq
+from m3bench.runtime.kernels.backend import KernelBackend
+from m3bench.runtime.kernels.msa_index import msa_select_blocks
+from m3bench.runtime.kernels.reference import (
+    msa_block_scores_ref,
+    msa_select_blocks_ref,
+)
+
+from .cases import make_case
+
+pytestmark = pytest.mark.usefixtures("triton_interpreter")
+
+
+def _select(case, topk, init_blocks=0, **kw):
+    out = torch.full((case.iq.shape[0], case.iq.shape[1], topk), -7, dtype=torch.int32)
+    msa_select_blocks(case.iq, case.ik_cache, case.block_tables, case.seq_lens,
+                      case.query_start_loc, topk, init_blocks, out=out,
+                      backend=KernelBackend.TRITON, **kw)
+    want = msa_select_blocks_ref(case.iq.double(), case.ik_cache, case.block_tables,
+                                 case.seq_lens, case.query_start_loc, topk, init_blocks)
+    n = case.n_tokens
+    assert (out[:n] != -7).all(), "some output element was not written"
+    assert (out[n:] == -7).all(), "padding rows must stay untouched"
+    return out[:n], want[:n]
+
+
+def _local_blocks(case):
+    qsl, page = case.query_start_loc.tolist(), case.ik_cache.shape[1]
+    return torch.tensor([
+        (n - (qsl[b + 1] - qsl[b]) + t) // page
+        for b, n in enumerate(case.seq_lens.tolist()) for t in range(qsl[b + 1] - qsl[b])
+    ])
+
+
+@pytest.mark.parametrize("segments", [1, 3])
+def test_topk_matches_reference(segments):
+    # 11 blocks of 16 at most, topk 4: real selection; 3 index heads; decode and a 5-chunk.
+    case = make_case(10, q_lens=[1, 5, 2], seq_lens=[170, 90, 20], hi=3, hkv=3)
+    got, want = _select(case, topk=4, num_segments=segments, max_query_len=5)
+    assert torch.equal(got, want)
+    assert torch.equal(got[:, :, 0], _local_blocks(case)[:, None].expand(-1, 3).to(torch.int32))
+
+
+def test_init_blocks_and_padding():
+    # init block 0 ranks right after the local block; short contexts pad with -1.
+    case = make_case(11, q_lens=[2, 1], seq_lens=[150, 40], hi=2)
+    got, want = _select(case, topk=6, init_blocks=1, max_query_len=2)
+    assert torch.equal(got, want)
+    assert (got[:2, :, 1] == 0).all()
+    assert (got[2, :, 3:] == -1).all() and sorted(got[2, 0, :3].tolist()) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("fmt", [kq.KVFormat.FP8, kq.KVFormat.NVFP4])
+def test_quantized_index_keys(fmt):
+    case = make_case(12, q_lens=[1, 3], seq_lens=[130, 77], fmt=fmt, hi=2)
+    got, want = _select(case, topk=3, num_segments=2, max_query_len=3)
+    assert torch.equal(got, want)
+
+
+def test_block_scores_reference_by_brute_force():
+    case = make_case(13, q_lens=[2], seq_lens=[35], hi=1, hkv=1)
+    scores = msa_block_scores_ref(case.iq, case.ik_cache, case.block_tables, case.seq_lens,
+                                  case.query_start_loc)
+    page = case.ik_cache.shape[1]
+    keys = torch.cat([case.ik_cache[p] for p in case.block_tables[0, :3].tolist()])
+    for t, pos in enumerate([33, 34]):
+        dots = case.iq[t, 0] @ keys[: pos + 1].T
+        for blk in range(3):
+            assert torch.isclose(scores[t, 0, blk], dots[blk * page:(blk + 1) * page].max(), atol=1e-5)
+        assert torch.isinf(scores[t, 0, 3:]).all()
+
+
+def test_topk_over_chunks_when_the_row_exceeds_registers(monkeypatch):
+    from m3bench.runtime.kernels import msa_index
+
+    monkeypatch.setattr(msa_index, "MAX_TOPK_CHUNK", 16)  # 40 blocks -> 3 chunks per round
+    case = make_case(14, q_lens=[1, 2], seq_lens=[640, 300], hi=1, hkv=1, page=16)
+    got, want = _select(case, topk=5, init_blocks=1, max_query_len=2)
+    assert torch.equal(got, want)
+
+
+def test_prefill_chunk_spans_several_query_blocks():
+    # 4 index heads x 40 tokens -> 160 rows, capped at 128 (32 tokens): 2 query blocks.
+    case = make_case(15, q_lens=[40, 2], seq_lens=[100, 70], hi=4, hkv=4)
+    got, want = _select(case, topk=3, init_blocks=1, num_segments=2, max_query_len=40)
+    assert torch.equal(got, want)
