@@ -118,9 +118,10 @@ def main() -> None:
     p.add_argument("--prompt-len", type=int, default=256)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--layouts", default="separate,shared", help="Comma list, measured in this order.")
     p.add_argument("--json", default=None)
     args = p.parse_args()
-    results = [measure(layout, args) for layout in ("separate", "shared")]
+    results = [measure(layout, args) for layout in args.layouts.split(",")]
     print(f"{'layout':<10}{'batch':>6}{'K':>3}{'wall ms':>10}{'forward ms':>12}{'host ms':>10}{'draft-KV ms':>13}")
     for r in results:
         print(f"{r['layout']:<10}{r['batch']:>6}{r['draft_len']:>3}{r['wall_ms']:>10.2f}{r['forward_ms']:>12.2f}"

@@ -151,9 +151,14 @@ class LLM:
         if self.spec is not None:
             from m3bench.runtime.speculative.setup import build_spec_engine
 
-            return build_spec_engine(self.model, kv, bm, scheduler, Sampler(self.device, seed), self.tokenizer,
-                                     _eos_ids(self.config, self._tok), self.max_model_len, self.spec, self.draft,
-                                     max_batch_size, max_num_tokens)
+            engine = build_spec_engine(self.model, kv, bm, scheduler, Sampler(self.device, seed), self.tokenizer,
+                                       _eos_ids(self.config, self._tok), self.max_model_len, self.spec, self.draft,
+                                       max_batch_size, max_num_tokens)
+            if self._tp is not None:  # the target's and the draft's calls then run on every rank
+                from m3bench.runtime.distributed.mirror import mirror_spec_runner
+
+                mirror_spec_runner(self._tp, engine.spec, kv)
+            return engine
         return Engine(runner, scheduler, Sampler(self.device, seed), self.tokenizer,
                       _eos_ids(self.config, self._tok), self.max_model_len)
 
@@ -480,11 +485,13 @@ def _start_tp(world: int, model: Any, config: Any, dtype: str, device: str, load
 
     if world > 1 and isinstance(model, M3ForCausalLM):
         raise InputError("tensor_parallel_size > 1 needs a checkpoint directory (each rank loads its own shards)")
-    if world > 1 and (graphs or draft is not None):
-        raise InputError("tensor_parallel_size > 1 does not support cuda_graphs or speculative decoding yet")
+    if graphs:
+        raise InputError("tensor_parallel_size > 1 does not capture cuda_graphs yet: run without them")
+    if draft is not None and not isinstance(draft, (str, Path)):
+        raise InputError("tensor_parallel_size > 1 needs the draft as a checkpoint directory (each rank loads it)")
     _load_format(load_format)
     spec = WorkerSpec(None if model is None else str(model), config, _dtype(dtype), str(device), load_format, seed,
-                      attention_backend, P)
+                      attention_backend, P, None if draft is None else str(draft))
     return start_driver(world, spec)
 
 

@@ -28,7 +28,7 @@ from m3bench.runtime.layers.mlp import GatedMLP
 from m3bench.runtime.layers.moe import SparseMoe
 from m3bench.runtime.layers.norm import RMSNorm, neutral_value
 from m3bench.runtime.layers.rotary import RotaryEmbedding
-from m3bench.runtime.parallel import SINGLE, TPGroup
+from m3bench.runtime.parallel import SINGLE, TPGroup, vocab_parallel_embedding
 
 
 @dataclass(frozen=True)
@@ -91,13 +91,7 @@ class M3ForCausalLM(nn.Module):
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """[T] -> [T, H]; under TP each rank looks up the ids of its vocab rows, zeros elsewhere, then sums."""
-        if self.tp.world == 1:
-            return F.embedding(input_ids, self.embed_tokens)
-        n = self.embed_tokens.shape[0]
-        local = input_ids - self.tp.rank * n
-        mine = (local >= 0) & (local < n)
-        h = F.embedding(torch.where(mine, local, 0), self.embed_tokens).masked_fill_(~mine[:, None], 0)
-        return self.tp.all_reduce(h)
+        return vocab_parallel_embedding(input_ids, self.embed_tokens, self.tp)
 
     def lm_head_weight(self) -> torch.Tensor:
         """This rank's vocab rows of the output projection (the embedding's when tied)."""

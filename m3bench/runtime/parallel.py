@@ -70,4 +70,18 @@ class TPGroup:
         return torch.cat(parts, dim=dim)
 
 
+def vocab_parallel_embedding(input_ids: torch.Tensor, shard: torch.Tensor, tp: TPGroup) -> torch.Tensor:
+    """[T] ids -> [T, H] rows of an embedding whose vocabulary is split over tp (this rank holds
+    rows [rank V/N, (rank+1) V/N) as `shard`): masked local lookup, zeros elsewhere, then a sum."""
+    import torch.nn.functional as F
+
+    if tp.world == 1:
+        return F.embedding(input_ids, shard)
+    n = shard.shape[0]
+    local = input_ids - tp.rank * n
+    mine = (local >= 0) & (local < n)
+    h = F.embedding(torch.where(mine, local, 0), shard).masked_fill_(~mine[:, None], 0)
+    return tp.all_reduce(h)
+
+
 SINGLE = TPGroup()

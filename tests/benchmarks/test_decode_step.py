@@ -1,4 +1,4 @@
-"""benchmarks/decode_step.py: the bytes / floor arithmetic, the layer fit, the decode metadata,
+"""benchmarks/decode_step.py (+ decode_floor.py): the bytes / floor arithmetic, the layer fit, the decode metadata,
 and a CPU smoke run of the whole script (tiny shapes, torch paths)."""
 
 import importlib.util
@@ -9,54 +9,60 @@ from pathlib import Path
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "decode_step.py"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 @pytest.fixture(scope="module")
-def ds():
-    spec = importlib.util.spec_from_file_location("decode_step", SCRIPT)
+def fl():
+    sys.path.insert(0, str(BENCH))  # the script's helper modules import each other by name
+    return importlib.import_module("decode_floor")
+
+
+@pytest.fixture(scope="module")
+def ds(fl):
+    spec = importlib.util.spec_from_file_location("decode_step", BENCH / "decode_step.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules["decode_step"] = mod  # dataclasses look their module up there
     spec.loader.exec_module(mod)
     return mod
 
 
-def test_distinct_experts_matches_performance_md(ds):
-    assert ds.distinct_experts(128, 4, 1) == pytest.approx(4.0)
-    assert round(ds.distinct_experts(128, 4, 16)) == 51
-    assert round(ds.distinct_experts(128, 4, 64)) == 111
-    assert ds.distinct_experts(16, 4, 0) == 0
-    assert ds.distinct_experts(16, 4, 64) == pytest.approx(16, abs=1e-6)
+def test_distinct_experts_matches_performance_md(fl):
+    assert fl.distinct_experts(128, 4, 1) == pytest.approx(4.0)
+    assert round(fl.distinct_experts(128, 4, 16)) == 51
+    assert round(fl.distinct_experts(128, 4, 64)) == 111
+    assert fl.distinct_experts(16, 4, 0) == 0
+    assert fl.distinct_experts(16, 4, 64) == pytest.approx(16, abs=1e-6)
 
 
-def test_weight_bytes_per_layer(ds):
-    s = ds.M3Shapes()
+def test_weight_bytes_per_layer(fl):
+    s = fl.M3Shapes()
     norms = 2 * 128 + 2 * 6144
     dense_attn = ((8 + 2) * 128 * 6144 + 6144 * 8 * 128 + norms) * 2
-    assert ds.attn_weight_bytes(s, sparse=False) == dense_attn
-    assert ds.attn_weight_bytes(s, sparse=True) == dense_attn + (2 * 128 * 6144 + 2 * 128) * 2
-    assert ds.expert_bytes(s) == 3 * 3072 * 6144 * 2
-    one_dense = ds.weight_bytes_read(s, 1, 1)
+    assert fl.attn_weight_bytes(s, sparse=False) == dense_attn
+    assert fl.attn_weight_bytes(s, sparse=True) == dense_attn + (2 * 128 * 6144 + 2 * 128) * 2
+    assert fl.expert_bytes(s) == 3 * 3072 * 6144 * 2
+    one_dense = fl.weight_bytes_read(s, 1, 1)
     head = 25008 * 6144 * 2 + 6144 * 2 + 6144 * 2  # lm_head, one embedding row, final norm
     assert one_dense == head + dense_attn + 3 * 1536 * 6144 * 2
-    four = ds.weight_bytes_read(s, 4, 16)
-    moe = ds.attn_weight_bytes(s, True) + ds.moe_fixed_bytes(s) + ds.distinct_experts(16, 4, 16) * ds.expert_bytes(s)
-    assert four == pytest.approx(ds.weight_bytes_read(s, 3, 16) + moe)
+    four = fl.weight_bytes_read(s, 4, 16)
+    moe = fl.attn_weight_bytes(s, True) + fl.moe_fixed_bytes(s) + fl.distinct_experts(16, 4, 16) * fl.expert_bytes(s)
+    assert four == pytest.approx(fl.weight_bytes_read(s, 3, 16) + moe)
 
 
-def test_kv_and_index_bytes(ds):
-    s = ds.M3Shapes()  # layers 0-2 dense, 3.. MSA; fp8: K+V of one head = 256 bytes a token
-    assert ds.kv_bytes_read(s, 4, 2, 8192) == 3 * 2 * 8192 * 256 + 2 * 2048 * 256
-    assert ds.kv_bytes_read(s, 4, 2, 1000) == 4 * 2 * 1000 * 256  # context below 16 blocks
-    assert ds.index_bytes_read(s, 5, 3, 8192) == 2 * 3 * 8192 * 128
-    f = ds.floor_of(s, 5, 3, 8192)
+def test_kv_and_index_bytes(fl):
+    s = fl.M3Shapes()  # layers 0-2 dense, 3.. MSA; fp8: K+V of one head = 256 bytes a token
+    assert fl.kv_bytes_read(s, 4, 2, 8192) == 3 * 2 * 8192 * 256 + 2 * 2048 * 256
+    assert fl.kv_bytes_read(s, 4, 2, 1000) == 4 * 2 * 1000 * 256  # context below 16 blocks
+    assert fl.index_bytes_read(s, 5, 3, 8192) == 2 * 3 * 8192 * 128
+    f = fl.floor_of(s, 5, 3, 8192)
     assert f.ms == pytest.approx((f.weights_bytes + f.kv_bytes + f.index_bytes) / 4.3e12 * 1e3)
 
 
-def test_layers_that_fit_is_the_largest_within_budget(ds):
-    s = ds.M3Shapes()
-    n = ds.layers_that_fit(s, 64, 32768, 120e9)
-    assert ds.resident_bytes(s, n, 64, 32768) <= 120e9 < ds.resident_bytes(s, n + 1, 64, 32768)
+def test_layers_that_fit_is_the_largest_within_budget(fl):
+    s = fl.M3Shapes()
+    n = fl.layers_that_fit(s, 64, 32768, 120e9)
+    assert fl.resident_bytes(s, n, 64, 32768) <= 120e9 < fl.resident_bytes(s, n + 1, 64, 32768)
     assert 30 < n < 60
 
 

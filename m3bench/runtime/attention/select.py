@@ -45,9 +45,10 @@ def make_backend(choice: str | AttentionChoice, device: torch.device | str, cfg:
         return TorchBackend()
     from m3bench.runtime.attention.triton_backend import TritonBackend
 
+    backend = TritonBackend()
     if tokens_per_block is not None:
-        check_backend_layout(TritonBackend(), cfg, tokens_per_block)
-    return TritonBackend()
+        check_backend_layout(backend, cfg, tokens_per_block)
+    return backend
 
 
 def check_backend_layout(backend, cfg: ModelConfig, tokens_per_block: int) -> None:
@@ -56,8 +57,9 @@ def check_backend_layout(backend, cfg: ModelConfig, tokens_per_block: int) -> No
 
     if not isinstance(backend, TritonBackend):
         return
-    if tokens_per_block < 16 or (tokens_per_block > 64 and tokens_per_block % 64):
-        raise ConfigError(f"the Triton attention kernels need tokens_per_block >= 16 and, above 64, "
-                          f"a multiple of 64; got {tokens_per_block}")
+    p = tokens_per_block
+    if p < 16 or (p & (p - 1) and p % 64):  # key tiles of min(P, 64) tokens: a power of two dividing P
+        raise ConfigError(f"the Triton attention kernels need tokens_per_block a power of two >= 16 or a "
+                          f"multiple of 64; got {p}")
     if cfg.msa is not None and cfg.sparse_layers:
         check_msa_layout(cfg.msa, tokens_per_block)

@@ -19,6 +19,7 @@ import torch
 
 from m3bench.runtime.distributed.groups import RankGroups, destroy_groups, init_groups, rank_device, torchrun_rank
 from m3bench.runtime.distributed.launcher import WorkerPool
+from m3bench.runtime.distributed.mirror import send_call
 from m3bench.runtime.distributed.protocol import Op, broadcast_step, kv_code, send_header
 from m3bench.runtime.distributed.worker import WorkerSpec, agree_min, serve
 from m3bench.runtime.engine import ModelRunner
@@ -52,6 +53,19 @@ class Driver:
         with self.guard():
             send_header(self.groups.control, Op.PROFILE,
                         (tokens, P, kv_code(kv_dtype), page_bytes, round(utilization * 1e6)))
+
+    def alloc_draft(self, num_pages: int, page_size: int, kv_dtype: KVDtype) -> None:
+        with self.guard():
+            send_header(self.groups.control, Op.ALLOC_DRAFT, (num_pages, page_size, kv_code(kv_dtype)))
+
+    def mirrored(self, callee: Any, method: Any, encoded: tuple, run: Any) -> Any:
+        """Announce a mirrored call (mirror.py), then run it here as every rank does."""
+        self.in_step = True
+        with self.guard():
+            send_call(self.groups.control, self.tp.group, callee, method, *encoded)
+            out = run()
+        self.in_step = False
+        return out
 
     def agree_min(self, value: int) -> int:
         with self.guard():

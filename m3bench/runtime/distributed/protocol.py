@@ -29,6 +29,8 @@ class Op(IntEnum):
     PROFILE = 2  # fields: tokens, P, kv code, page bytes, utilization in ppm; then all ranks agree on a minimum
     ALLOC = 3  # fields: num_pages, P, kv code
     STOP = 4
+    ALLOC_DRAFT = 5  # fields: num_pages, page size, kv code (the Eagle3 draft layer's pool)
+    CALL = 6  # fields: callee, method, descriptor length (mirror.py)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from m3bench.runtime.distributed.groups import RankGroups, destroy_groups, init_groups, rank_device
+from m3bench.runtime.distributed.mirror import Callee, Method, Store, receive_call
 from m3bench.runtime.distributed.protocol import KV_DTYPES, Op, receive_step, recv_header
 from m3bench.runtime.kv_cache import KVCache, KVDtype
 
@@ -37,6 +38,7 @@ class WorkerSpec:
     seed: int
     attention_backend: str
     tokens_per_block: int
+    draft: str | None = None  # Eagle3 draft checkpoint directory (speculative decoding)
 
 
 def build_model(spec: WorkerSpec, groups: RankGroups) -> Any:
@@ -50,28 +52,63 @@ def build_model(spec: WorkerSpec, groups: RankGroups) -> Any:
 
 
 def serve(spec: WorkerSpec, groups: RankGroups) -> None:
-    """Build the model, then run every step rank 0 announces until it sends STOP."""
+    """Build the model (and draft), then run every step rank 0 announces until it sends STOP."""
     model = build_model(spec, groups)
-    kv = None
+    rank = RankState(model, build_draft(spec, model), groups)
     while True:
         op, fields = recv_header(groups.control)
         if op is Op.STOP:
             return
+        rank.handle(op, fields)
+
+
+def build_draft(spec: WorkerSpec, model: Any) -> Any:
+    if spec.draft is None:
+        return None
+    from m3bench.runtime.speculative.setup import load_draft
+
+    return load_draft(spec.draft, model)
+
+
+class RankState:
+    """What a worker holds between messages: its shards, KV pools and draft."""
+
+    def __init__(self, model: Any, draft: Any, groups: RankGroups) -> None:
+        self.model, self.draft, self.groups = model, draft, groups
+        self.stores: dict[Store, Any] = {}
+
+    @torch.inference_mode()
+    def handle(self, op: Op, fields: list[int]) -> None:
+        g, m = self.groups, self.model
         if op is Op.ALLOC:
-            kv = None  # free the old pool first
-            kv = KVCache(model.cfg, fields[0], fields[1], KV_DTYPES[fields[2]], model.dtype, groups.device, model.tp)
+            self.stores.pop(Store.TARGET_KV, None)  # free the old pool first
+            self.stores[Store.TARGET_KV] = KVCache(m.cfg, fields[0], fields[1], KV_DTYPES[fields[2]], m.dtype,
+                                                   g.device, m.tp)
+        elif op is Op.ALLOC_DRAFT:
+            from m3bench.runtime.speculative.setup import draft_store
+
+            self.stores[Store.DRAFT_KV] = draft_store(self.draft, fields[0], fields[1], KV_DTYPES[fields[2]],
+                                                      m.dtype, g.device)
         elif op is Op.PROFILE:
-            _profile(model, fields, groups)
+            _profile(m, fields, g)
         elif op is Op.STEP:
-            _step(model, kv, receive_step(groups.control, groups.tp, fields, groups.device))
+            self._step(receive_step(g.control, g.tp, fields, g.device))
+        elif op is Op.CALL:
+            self._call(*receive_call(g.control, g.tp.group, fields, g.device, self.stores))
 
+    def _step(self, step) -> None:
+        kv = self.stores.get(Store.TARGET_KV)
+        if kv is None:
+            raise RuntimeError("rank 0 sent a step before the KV cache was allocated (protocol bug)")
+        hidden = self.model(step.input_ids, step.positions, step.meta, kv)
+        self.model.compute_logits(hidden[step.logits_idx])  # joins the all-gather; rank 0 samples
 
-@torch.inference_mode()
-def _step(model: Any, kv: KVCache | None, step) -> None:
-    if kv is None:
-        raise RuntimeError("rank 0 sent a step before the KV cache was allocated (protocol bug)")
-    hidden = model(step.input_ids, step.positions, step.meta, kv)
-    model.compute_logits(hidden[step.logits_idx])  # joins the all-gather; rank 0 samples
+    def _call(self, callee: Callee, method: Method, args: list[Any]) -> None:
+        module = self.model if callee is Callee.TARGET else self.draft
+        if method is Method.FORWARD:
+            module(*args)
+        else:
+            module.compute_logits(*args)
 
 
 def _profile(model: Any, fields: list[int], groups: RankGroups) -> None:

@@ -31,7 +31,7 @@ from m3bench.runtime.layers.linear import ColumnParallelLinear, RowParallelLinea
 from m3bench.runtime.layers.mlp import GatedMLP
 from m3bench.runtime.layers.norm import RMSNorm
 from m3bench.runtime.layers.rotary import RotaryEmbedding, apply_rope
-from m3bench.runtime.parallel import SINGLE, TPGroup
+from m3bench.runtime.parallel import SINGLE, TPGroup, vocab_parallel_embedding
 from m3bench.runtime.speculative.attention import DraftKV
 from m3bench.runtime.speculative.config import EagleConfig
 from m3bench.runtime.speculative.tiny_draft import write_tiny_draft  # noqa: F401  (re-export)
@@ -109,7 +109,7 @@ class Eagle3Draft(nn.Module):
         self.norm = _norm(cfg, cfg.hidden_size, dtype, device)
         self.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, None, device)
         self.lm_head: torch.Tensor | None = None  # [Vd, H]: own (loaded) or the target's (bind_target)
-        self.embed_tokens: torch.Tensor | None = None  # [V, H], the target's
+        self.embed_tokens: torch.Tensor | None = None  # [V, H], the target's (this rank's V / world rows under TP)
         self.d2t: torch.Tensor | None = None  # [Vd] int64 offsets: target id = draft id + d2t[draft id]
         self._own_lm_head = False
 
@@ -153,10 +153,11 @@ class Eagle3Draft(nn.Module):
             t.copy_(val.to(t.dtype))
 
     def bind_target(self, embed_tokens: torch.Tensor, lm_head: torch.Tensor | None) -> None:
-        """Share the target's full [V, H] embedding, and its lm_head (`M3ForCausalLM.lm_head_weight()`,
+        """Share the target's [V, H] embedding (`M3ForCausalLM.embed_tokens`: this rank's V / world rows
+        under TP, looked up vocab-parallel), and its lm_head (`M3ForCausalLM.lm_head_weight()`,
         this rank's V / world rows under TP) when the draft ships none."""
         c = self.cfg
-        if tuple(embed_tokens.shape) != (c.vocab_size, c.hidden_size):
+        if tuple(embed_tokens.shape) != (c.vocab_size // self.tp.world, c.hidden_size):  # vocab-parallel
             raise CheckpointError(f"target embed_tokens {tuple(embed_tokens.shape)} does not fit the draft "
                                   f"({c.vocab_size}, {c.hidden_size})")
         self.embed_tokens = embed_tokens
@@ -183,7 +184,7 @@ class Eagle3Draft(nn.Module):
         """input_ids/positions [T], feature [T, H] -> DraftOutput; writes the tokens' K/V into kv."""
         if self.embed_tokens is None:
             raise RuntimeError("call bind_target(embed_tokens, lm_head) before running the draft")
-        embeds = F.embedding(input_ids, self.embed_tokens).to(self.dtype)
+        embeds = vocab_parallel_embedding(input_ids, self.embed_tokens, self.tp).to(self.dtype)
         cos, sin = self.rope.cos_sin(positions)
         s = self.layer(embeds, feature.to(self.dtype), cos, sin, meta, kv)
         hidden = self.norm(s)

@@ -75,3 +75,19 @@ def test_llm_triton_backend_generates_like_torch():
         assert type(llm.model.backend).__name__ == ("TorchBackend" if name == "torch" else "TritonBackend")
         outs.append([o.token_ids for o in llm.generate(prompts, params)])
     assert outs[0] == outs[1]
+
+
+def test_fused_moe_skips_other_ranks_experts():
+    # Under EP, ids outside [0, local experts) belong to other ranks: both paths must skip them.
+    cfg = tiny_config()
+    moe: SparseMoe = M3ForCausalLM(cfg, dtype=torch.float32).layers[1].mlp
+    g = torch.Generator().manual_seed(9)
+    for p in (moe.w_gate_up, moe.w_down):
+        p.normal_(0, p.shape[-1] ** -0.5, generator=g)
+    x = torch.randn(6, cfg.hidden_size, generator=g)
+    ids = torch.tensor([[0, -1], [3, 5], [2, 1], [-2, 9], [1, 1], [3, 0]])
+    w = torch.rand(6, 2, generator=g)
+    want = moe.torch_experts(x, w, ids).double()
+    got = moe.fused_experts(x, w, ids).double()
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
+    assert torch.allclose(got[3], torch.zeros_like(got[3]))  # no local expert at all

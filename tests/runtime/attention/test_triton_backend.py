@@ -120,5 +120,9 @@ def test_backend_choice():
         make_backend("flash", "cpu", cfg)
     with pytest.raises(ConfigError, match="tokens_per_block"):
         make_backend("triton", "cpu", cfg, 32)  # MSA block is 16
-    with pytest.raises(ConfigError, match="multiple of 64"):
-        check_backend_layout(TritonBackend(), cfg, 96)
+    for bad in (8, 48, 96):
+        with pytest.raises(ConfigError, match="multiple of 64"):
+            check_backend_layout(TritonBackend(), cfg, bad)
+    dense_only = tiny_config(num_dense_layers=2)
+    for good in (16, 32, 64, 128, 192):
+        check_backend_layout(TritonBackend(), dense_only, good)

@@ -27,14 +27,14 @@ __all__ = ["random_prompts", "small_model", "random_draft", "OracleDraft", "llm_
 
 
 def random_draft(model, seed: int = 1) -> Eagle3Draft:
-    d = Eagle3Draft(tiny_draft_config(model.cfg), model.dtype)
+    d = Eagle3Draft(tiny_draft_config(model.cfg), model.dtype, model.device)
     d.init_dummy(seed)
     return d
 
 
 class OracleDraft(Eagle3Draft):
     def __init__(self, model, sequences: list[list[int]], wrong_every: int = 0, seed: int = 1, default: int = 0):
-        super().__init__(tiny_draft_config(model.cfg), model.dtype)
+        super().__init__(tiny_draft_config(model.cfg), model.dtype, model.device)
         self.init_dummy(seed)
         self.vocab = model.cfg.vocab_size
         self.wrong_every, self.default = wrong_every, default  # default: the proposal where the table has none
@@ -46,7 +46,7 @@ class OracleDraft(Eagle3Draft):
     def forward(self, input_ids, positions, feature, meta, kv) -> DraftOutput:
         out = super().forward(input_ids, positions, feature, meta, kv)
         picks = [self._oracle(p, t) for p, t in zip(positions.tolist(), input_ids.tolist())]
-        hidden = torch.nn.functional.one_hot(torch.tensor(picks), self.vocab).to(torch.float32) * 10.0
+        hidden = torch.nn.functional.one_hot(torch.tensor(picks, device=input_ids.device), self.vocab).float() * 10.0
         return DraftOutput(hidden=hidden, feature=out.feature)
 
     def _oracle(self, pos: int, token: int) -> int:

@@ -152,3 +152,16 @@ def test_scoring_beside_speculative_decoding(model, prompts, oracle_seqs):
     got = llm.score(pairs)
     assert [g for _, g in got] == [g for _, g in want]
     assert max(abs(a - b) for (a, _), (b, _) in zip(got, want)) < 1e-3
+
+
+@pytest.mark.parametrize("layout", ["separate", "shared"])
+def test_stop_token_inside_an_accepted_run(model, prompts, oracle_seqs, layout):
+    """A stop token among the accepted drafts ends the request there; later tokens of the step are dropped."""
+    ref = _reference(model, prompts, kv_cache_dtype="bf16")
+    params = [SamplingParams(max_tokens=N_NEW, stop_token_ids=(r[6],), min_tokens=2) for r in ref]
+    want = LLM(model, **llm_args(kv_cache_dtype="bf16")).generate(prompts, params)
+    llm = LLM(model, speculative_model=OracleDraft(model, oracle_seqs), draft_len=7, draft_kv=layout,
+              **llm_args(kv_cache_dtype="bf16"))
+    got = llm.generate(prompts, params)
+    assert [(g.token_ids, g.finish_reason) for g in got] == [(w.token_ids, w.finish_reason) for w in want]
+    assert any(w.finish_reason == "stop" for w in want) and llm.spec_stats().accepted > 0

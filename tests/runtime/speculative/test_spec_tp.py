@@ -38,7 +38,7 @@ def _logits(tp: TPGroup, own_head: bool) -> torch.Tensor:
     d = Eagle3Draft(cfg, F64, "cpu", tp)
     d.load_weights(w)
     n = 40 // tp.world
-    d.bind_target(embed, head[tp.rank * n:(tp.rank + 1) * n])  # the target's vocab-parallel rows
+    d.bind_target(embed[tp.rank * n:(tp.rank + 1) * n], head[tp.rank * n:(tp.rank + 1) * n])  # vocab-parallel rows
     meta = build_attn_metadata([6, 3], [6, 3], [[0], [1]], 8)
     kv = DraftKV(2, 8, cfg.num_kv_heads // tp.world, cfg.head_dim, KVDtype.AUTO, F64)
     return d.compute_logits(d(ids, meta.positions, d.combine_features(captured), meta, kv).hidden)

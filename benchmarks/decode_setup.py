@@ -1,0 +1,144 @@
+"""Shared pieces of the decode benchmark: configs (one transformers config feeds both runtimes),
+random KV contents, decode metadata, switching the fast path, CUDA-event / CUDA-graph timing."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+from decode_floor import M3Shapes, layer_kinds, pages_per_seq
+
+
+def m3_hf_kwargs(s: M3Shapes, layers: int, max_pos: int) -> dict:
+    """MiniMaxM3VLTextConfig keyword arguments at the given shapes (also parsed by ModelConfig)."""
+    kinds = layer_kinds(s, layers)
+    return {
+        "vocab_size": s.vocab, "hidden_size": s.hidden, "intermediate_size": s.expert_inter, "num_hidden_layers": layers,
+        "num_attention_heads": s.heads, "num_key_value_heads": s.kv_heads, "head_dim": s.head_dim,
+        "rotary_dim": s.rotary_dim, "rope_parameters": {"rope_type": "default", "rope_theta": 5e6,
+                                                      "partial_rotary_factor": s.rotary_dim / s.head_dim},
+        "dense_intermediate_size": s.dense_inter, "shared_intermediate_size": s.shared_inter,
+        "num_local_experts": s.experts, "num_experts_per_tok": s.top_k, "routed_scaling_factor": 2.0,
+        "mlp_layer_types": ["sparse" if k else "dense" for k in kinds],
+        "layer_types": ["minimax_m3_sparse" if k else "full_attention" for k in kinds],
+        "index_n_heads": s.index_heads, "index_head_dim": s.index_dim, "index_block_size": s.page,
+        "index_topk_blocks": s.topk_blocks, "index_local_blocks": 1, "max_position_embeddings": max_pos,
+        "rms_norm_eps": 1e-6, "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False}
+
+
+def hf_m3_config(s: M3Shapes, layers: int, max_pos: int):
+    import transformers
+
+    c = transformers.MiniMaxM3VLTextConfig(**m3_hf_kwargs(s, layers, max_pos))
+    c._attn_implementation = "eager"
+    c._experts_implementation = "eager"
+    c.architectures = ["MiniMaxM3VLForCausalLM"]
+    return c
+
+
+def our_config(hf_config):
+    """The runtime's ModelConfig parsed from the same transformers config (one source of shapes)."""
+    from m3bench.runtime.config import ModelConfig
+
+    return ModelConfig.from_dict(hf_config.to_dict())
+
+
+def qwen_config(tiny: bool):
+    """Qwen2.5-0.5B shapes (or a tiny Qwen2 for the CPU smoke run)."""
+    import transformers
+
+    if tiny:
+        kw = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                  "num_key_value_heads": 2, "vocab_size": 256}
+    else:
+        kw = {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
+                  "num_key_value_heads": 2, "vocab_size": 151936}
+    c = transformers.Qwen2Config(**kw, tie_word_embeddings=True, max_position_embeddings=4096, rope_theta=1e6,
+                                 bos_token_id=1, eos_token_id=2)
+    c._attn_implementation = "eager" if tiny else "sdpa"
+    c.architectures = ["Qwen2ForCausalLM"]
+    return c
+
+
+def sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def median_ms(fn, dev: torch.device, warmup: int, repeats: int) -> float:
+    """Median wall time of fn(): CUDA events around each call on CUDA, perf_counter on CPU."""
+    for _ in range(warmup):
+        fn()
+    sync(dev)
+    times = []
+    for _ in range(repeats):
+        if dev.type == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def graphed(fn, dev: torch.device):
+    """(fn captured in a CUDA graph after two eager runs on a side stream, True); (fn, False) on CPU
+    or when capture fails (the failure is printed and the eager launches are timed instead)."""
+    if dev.type != "cuda":
+        return fn, False
+    side = torch.cuda.Stream(dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream(dev).wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(g):
+            fn()
+    except RuntimeError as e:
+        print(f"  CUDA graph capture failed ({str(e)[:160]}); timing eager launches", flush=True)
+        torch.cuda.synchronize(dev)
+        return fn, False
+    return g.replay, True
+
+
+def fill_random_(kv) -> None:
+    """Random (finite) FP8 / bf16 contents in every K, V and index-key page."""
+    g = torch.Generator(device=kv.k[0].data.device).manual_seed(0)
+    for store in [*kv.k, *kv.v, *(s for s in kv.ik if s is not None)]:
+        for chunk in store.data.split(max(1, (1 << 28) // max(1, store.data[0].numel())), dim=0):
+            src = torch.randn(chunk.shape, generator=g, device=chunk.device, dtype=torch.bfloat16)
+            chunk.copy_(src.to(chunk.dtype))
+
+
+def decode_meta(s: M3Shapes, B: int, ctx: int, dev: torch.device):
+    """Metadata of one decode token per sequence; sequence b owns pages b*n .. b*n+n-1."""
+    from m3bench.runtime.attention.metadata import AttnMetadata
+
+    n = pages_per_seq(s, ctx)
+    tables = torch.arange(B * n, dtype=torch.int32, device=dev).view(B, n)
+    pos = torch.full((B,), ctx, dtype=torch.int64, device=dev)
+    slots = tables[:, ctx // s.page].long() * s.page + ctx % s.page
+    return AttnMetadata(query_start_loc=torch.arange(B + 1, dtype=torch.int32, device=dev),
+                        seq_lens=torch.full((B,), ctx + 1, dtype=torch.int32, device=dev), block_tables=tables,
+                        slot_mapping=slots, positions=pos, query_lens_host=[1] * B, seq_lens_host=[ctx + 1] * B)
+
+
+def set_fast_path(model, on: bool) -> None:
+    """Triton attention + fused MoE (on) or the torch backend + torch MoE (off, the reference)."""
+    from m3bench.runtime.attention.torch_backend import TorchBackend
+    from m3bench.runtime.attention.triton_backend import TritonBackend
+    from m3bench.runtime.kernels.backend import KernelBackend
+    from m3bench.runtime.layers.moe import SparseMoe
+
+    model.backend = TritonBackend() if on else TorchBackend()
+    for layer in model.layers:
+        if isinstance(layer.mlp, SparseMoe):
+            layer.mlp.kernel_backend = KernelBackend.TRITON if on else KernelBackend.TORCH
