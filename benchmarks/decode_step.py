@@ -138,18 +138,33 @@ def qwen_ours(plan: Plan, dev: torch.device, tiny: bool) -> dict[int, dict]:
               dtype="bfloat16" if dev.type == "cuda" else "float32", tokens_per_block=128 if not tiny else 16,
               max_batch_size=bs, max_num_tokens=max(2048, bs * 128), num_kv_blocks=bs * 4 + 8,
               enable_prefix_caching=False, cuda_graphs=dev.type == "cuda")
-    out = {}
+    out, default = {}, "async" if llm.async_scheduling else "sync"
+    variants = _engine_variants(llm)
     for B in plan.qwen_batches:
         prompts = _prompts(B, 128 if not tiny else 8, cfg.vocab_size)
-        llm.generate(prompts, SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
-        sync(dev)
-        t0 = time.perf_counter()
-        res = llm.generate(prompts, SamplingParams(max_tokens=plan.qwen_tokens, ignore_eos=True))
-        sync(dev)
-        out[B] = {"tokens_per_s": sum(len(r.token_ids) for r in res) / (time.perf_counter() - t0),
-                  "engine_step_ms": _engine_step_ms(res), "graph_replay_ms": _replay_ms(llm, B, dev)}
+        row = {"graph_replay_ms": _replay_ms(llm, B, dev)}
+        for mode, engine in variants.items():
+            llm.engine = engine
+            llm.generate(prompts, SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
+            sync(dev)
+            t0 = time.perf_counter()
+            res = llm.generate(prompts, SamplingParams(max_tokens=plan.qwen_tokens, ignore_eos=True))
+            sync(dev)
+            row[f"{mode}_tokens_per_s"] = sum(len(r.token_ids) for r in res) / (time.perf_counter() - t0)
+            row[f"{mode}_step_ms"] = _engine_step_ms(res)
+        out[B] = {**row, "tokens_per_s": row[f"{default}_tokens_per_s"], "engine_step_ms": row[f"{default}_step_ms"]}
     del llm
     return out
+
+
+def _engine_variants(llm) -> dict:
+    """The LLM's engine parts (runner, graphs, pool) as a synchronous Engine and an OverlapEngine."""
+    from m3bench.runtime.engine import Engine
+    from m3bench.runtime.overlap_engine import OverlapEngine
+
+    e = llm.engine
+    args = (e.runner, e.scheduler, e.sampler, e.tokenizer, tuple(e.eos), e.max_model_len)
+    return {"sync": Engine(*args), "async": OverlapEngine(*args)}
 
 
 def _engine_step_ms(outputs) -> float:
@@ -276,6 +291,10 @@ def table(res: dict) -> str:
         lines.append(f"Qwen2.5-0.5B-shaped, B={b}, {res['plan']['qwen_tokens']} new tokens: ours "
                      f"{o.get('tokens_per_s', nan):.0f} tok/s (engine step {o.get('engine_step_ms', nan):.2f} ms, "
                      f"graph alone {o.get('graph_replay_ms', nan):.2f} ms) vs transformers {hf.get(b, nan):.0f} tok/s")
+        lines.append(f"  B={b} host time per step (engine step - graph alone): sync "
+                     f"{o.get('sync_step_ms', nan) - o.get('graph_replay_ms', nan):.3f} ms, async (overlap) "
+                     f"{o.get('async_step_ms', nan) - o.get('graph_replay_ms', nan):.3f} ms; tok/s sync "
+                     f"{o.get('sync_tokens_per_s', nan):.0f}, async {o.get('async_tokens_per_s', nan):.0f}")
     for r in res.get("hf_m3", []):
         lines.append(f"transformers MiniMaxM3 eager, B={r['batch']} ctx={r['context']}: {r['per_layer_ms']:.2f} ms/layer "
                      f"vs ours {_ours_per_layer(res, r)}")

@@ -4,6 +4,8 @@
     python benchmarks/spec_host_time.py --device cuda         # the same on the GPU (torch attention on CPU,
                                                               # the engine's default backend on CUDA)
     python benchmarks/spec_host_time.py --json out.json
+    python benchmarks/spec_host_time.py --device cuda --cuda-graphs   # each layout eager, then with the
+                                                              # verify + chain CUDA graphs (Triton attention)
 
 Per layout: 64 requests of 256-token prompts are prefilled, then `--steps` decode steps (each: target
 verify of 1 + K tokens per request, accept, draft extend + K - 1 chained steps) are timed. Per step:
@@ -15,6 +17,9 @@ verify of 1 + K tokens per request, accept, draft extend + K - 1 chained steps) 
 - draft_kv: inside the layout's `reserve` + `tables` (the per-request draft block-table rebuild that
   SEPARATE does on the host and SHARED replaces with a view of the target's device table).
 Medians over the timed steps. The model is tiny, so `host` dominates on CPU just as on an H200.
+With `--cuda-graphs` every layout is measured twice, eager and with graphs, both on the Triton attention
+backend; `wall` is then the figure to compare: graph replays do not call the wrapped forwards, so
+`forward` counts only the eager parts (the draft extend) and `replays` the verify graphs replayed.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from contextlib import contextmanager
 
 import torch
 
+from m3bench.runtime.attention.select import make_backend
 from m3bench.runtime.config import ModelConfig
 from m3bench.runtime.llm import LLM, SamplingParams
 from m3bench.runtime.model import M3ForCausalLM
@@ -66,20 +72,23 @@ def wrap(obj, name: str, timer: Timer) -> None:
     setattr(obj, name, timed)
 
 
-def build(device: str, dtype: torch.dtype, seed: int = 0) -> tuple[M3ForCausalLM, Eagle3Draft]:
+def build(device: str, dtype: torch.dtype, seed: int = 0, triton: bool = False
+          ) -> tuple[M3ForCausalLM, Eagle3Draft]:
     cfg = ModelConfig.from_dict(m3_text_config(SPEC, bos_id=0, eos_id=SPEC.vocab_size - 1))
-    model = M3ForCausalLM(cfg, dtype=dtype, device=device)
+    backend = make_backend("triton", device, cfg, 128) if triton else None
+    model = M3ForCausalLM(cfg, dtype=dtype, device=device, backend=backend)
     model.init_dummy(seed)
     draft = Eagle3Draft(tiny_draft_config(cfg), dtype, device, backend=model.backend)
     draft.init_dummy(seed + 1)
     return model, draft
 
 
-def measure(layout: str, args) -> dict:
-    model, draft = build(args.device, torch.float32 if args.device == "cpu" else torch.bfloat16)
+def measure(layout: str, args, graphs: bool = False) -> dict:
+    model, draft = build(args.device, torch.float32 if args.device == "cpu" else torch.bfloat16,
+                         triton=args.cuda_graphs)
     llm = LLM(model, speculative_model=draft, draft_len=args.draft_len, draft_kv=layout, kv_cache_dtype="bf16",
               tokens_per_block=128, num_kv_blocks=args.batch * 4 + 8, max_batch_size=args.batch,
-              max_num_tokens=args.batch * args.prompt_len)
+              max_num_tokens=args.batch * args.prompt_len, cuda_graphs=graphs)
     g = torch.Generator().manual_seed(1)
     for _ in range(args.batch):
         llm.add_request(torch.randint(1, SPEC.vocab_size - 1, (args.prompt_len,), generator=g).tolist(),
@@ -105,7 +114,8 @@ def measure(layout: str, args) -> dict:
         rows.append((wall, fwd.total_s, dkv.total_s))
     med = lambda i: statistics.median(r[i] for r in rows) * 1e3  # noqa: E731
     running = len(llm.engine.scheduler.running)
-    return {"layout": layout, "batch": running, "draft_len": args.draft_len, "steps": args.steps,
+    replays = llm.engine.spec.graphs.replays["verify"] if graphs else 0
+    return {"layout": layout, "graphs": graphs, "replays": replays, "batch": running, "draft_len": args.draft_len, "steps": args.steps,
             "wall_ms": med(0), "forward_ms": med(1), "host_ms": statistics.median((r[0] - r[1]) * 1e3 for r in rows),
             "draft_kv_ms": med(2)}
 
@@ -119,12 +129,16 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--layouts", default="separate,shared", help="Comma list, measured in this order.")
+    p.add_argument("--cuda-graphs", action="store_true", help="Also measure each layout with CUDA graphs.")
     p.add_argument("--json", default=None)
     args = p.parse_args()
-    results = [measure(layout, args) for layout in args.layouts.split(",")]
-    print(f"{'layout':<10}{'batch':>6}{'K':>3}{'wall ms':>10}{'forward ms':>12}{'host ms':>10}{'draft-KV ms':>13}")
+    if args.cuda_graphs and not args.device.startswith("cuda"):
+        p.error("--cuda-graphs needs --device cuda")
+    modes = (False, True) if args.cuda_graphs else (False,)
+    results = [measure(layout, args, g) for layout in args.layouts.split(",") for g in modes]
+    print(f"{'layout':<10}{'graphs':>7}{'replays':>8}{'batch':>6}{'K':>3}{'wall ms':>10}{'forward ms':>12}{'host ms':>10}{'draft-KV ms':>13}")
     for r in results:
-        print(f"{r['layout']:<10}{r['batch']:>6}{r['draft_len']:>3}{r['wall_ms']:>10.2f}{r['forward_ms']:>12.2f}"
+        print(f"{r['layout']:<10}{'on' if r['graphs'] else 'off':>7}{r['replays']:>8}{r['batch']:>6}{r['draft_len']:>3}{r['wall_ms']:>10.2f}{r['forward_ms']:>12.2f}"
               f"{r['host_ms']:>10.2f}{r['draft_kv_ms']:>13.3f}")
     if args.json:
         with open(args.json, "w") as f:

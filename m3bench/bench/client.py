@@ -174,7 +174,8 @@ class EngineTarget:
     async def stream(self, prompt: WorkloadPrompt) -> AsyncIterator[Chunk]:
         from m3bench.runtime import SamplingParams
 
-        params = SamplingParams(max_tokens=prompt.output_len, temperature=self.temperature, ignore_eos=True)
+        params = SamplingParams(max_tokens=prompt.output_len, temperature=self.temperature, ignore_eos=True,
+                                detokenize=False)  # dummy weights sample ids the tokenizer may not know
         output = 0
         async for delta in self.engine.generate(list(prompt.token_ids), params):
             n = len(delta.token_ids)

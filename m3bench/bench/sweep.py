@@ -180,10 +180,19 @@ def point_row(cfg: SweepConfig, key: PointKey, result: LoadResult, spec: SpecCou
     except EmptySampleError as e:
         row.update(error=str(e), num_requests=len(result.records),
                    num_failed=sum(not r.ok for r in result.records))
+    row["synthetic"] = _synthetic(cfg)
     row["client_us_per_chunk"] = result.client_us_per_chunk
     row["client_floor_itl_ms"] = compute_metrics(floor.records, floor.duration_s).itl_ms.mean
     row["first_error"] = next((r.error for r in result.records if r.error), None)
     return row
+
+
+def _synthetic(cfg: SweepConfig) -> bool | None:
+    """Acceptance forced (--synthetic-acceptance): AL is the asked one, outputs are not the model's.
+    None for an external server (not known)."""
+    if cfg.engine is None:
+        return None
+    return cfg.engine.draft_dir is not None and cfg.engine.synthetic_acceptance is not None
 
 
 def fingerprint(cfg: SweepConfig, key: PointKey) -> str:
@@ -257,7 +266,10 @@ async def _inprocess(cfg: SweepConfig, tp: int):
         return SpecCounters(s.spec_drafts, s.spec_draft_tokens, s.spec_accepted_tokens, s.spec_accepted_per_pos)
 
     try:
-        yield EngineTarget(engine), _tokenizer(cfg.tokenizer) if cfg.tokenizer else llm.tokenizer, scrape
+        tokenizer = _tokenizer(cfg.tokenizer) if cfg.tokenizer else llm.tokenizer
+        if tokenizer is None:  # prompts are drawn from a tokenizer's ids (any tokenizer: its vocab may be smaller)
+            raise InputError(f"{cfg.engine.model_dir} has no tokenizer to draw prompts from: pass --tokenizer DIR")
+        yield EngineTarget(engine), tokenizer, scrape
     finally:
         engine.shutdown()
         llm.shutdown()  # stops tensor-parallel workers before the next TP size starts

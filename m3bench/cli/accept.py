@@ -58,7 +58,7 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(Path("results"), "--out", help=HELP["out"]),
         junit: Optional[Path] = typer.Option(None, "--junit", help=HELP["junit"]),
         data_dir: Optional[Path] = typer.Option(None, "--data-dir", help=HELP["data_dir"]),
-        kv_cache_dtype: str = typer.Option("bf16", "--kv-cache-dtype", help="auto, bf16, fp8, nvfp4, hybrid."),
+        kv_cache_dtype: str = typer.Option("auto", "--kv-cache-dtype", help="auto (the model dtype), bf16, fp8, nvfp4, hybrid."),
         device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda, ... (default: cuda when available)."),
         dtype: Optional[str] = typer.Option(None, "--dtype", help="Default: bfloat16 on cuda, float32 on cpu."),
         model_id: Optional[str] = typer.Option(None, "--model-id", help=HELP["model_id"]),

@@ -35,9 +35,10 @@ HELP = {
     "num_fewshot": "Few-shot examples (default: the protocol's: mmlu 0, others 5).",
     "backend": "runtime (m3bench's engine), openai (a server at --base-url), hf (transformers).",
     "base_url": "OpenAI-compatible server (openai backend).",
-    "kv_cache_dtype": "auto, bf16, fp8, nvfp4, hybrid (runtime); also the reference key kv_cache_quant_algo.",
+    "kv_cache_dtype": "auto (the model dtype), bf16, fp8, nvfp4, hybrid (runtime); also the reference key kv_cache_quant_algo.",
     "draft": "Eagle3 draft checkpoint (speculative decoding; reference key spec_dec_algo=Eagle3).",
     "draft_len": "Draft tokens per step.",
+    "draft_kv": "The draft's KV pages: separate (own pool) or shared (the target's pages; keeps prefix caching).",
     "reference": "Reference YAML instead of the shipped references/<task>.yaml.",
     "no_reference": "Measure without a gate (verdict no_reference, exit 0).",
     "out": "Directory of item records and summaries.",
@@ -98,6 +99,7 @@ class Options:
     seed: int
     progress: bool
     max_batch_size: int = 64
+    draft_kv: str = "separate"
 
 
 def register(app: typer.Typer) -> None:
@@ -109,7 +111,7 @@ def register(app: typer.Typer) -> None:
         num_fewshot: Optional[int] = typer.Option(None, "--num-fewshot", help=HELP["num_fewshot"]),
         backend: BackendKind = typer.Option(BackendKind.RUNTIME, "--backend", help=HELP["backend"]),
         base_url: Optional[str] = typer.Option(None, "--base-url", help=HELP["base_url"]),
-        kv_cache_dtype: str = typer.Option("bf16", "--kv-cache-dtype", help=HELP["kv_cache_dtype"]),
+        kv_cache_dtype: str = typer.Option("auto", "--kv-cache-dtype", help=HELP["kv_cache_dtype"]),
         draft: Optional[Path] = typer.Option(None, "--draft", help=HELP["draft"]),
         draft_len: int = typer.Option(3, "--draft-len", help=HELP["draft_len"]),
         reference: Optional[Path] = typer.Option(None, "--reference", help=HELP["reference"]),
@@ -126,11 +128,13 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, "--seed", help=HELP["seed"]),
         progress: bool = typer.Option(True, "--progress/--no-progress", help=HELP["progress"]),
         max_batch_size: int = typer.Option(64, "--max-batch-size", help=HELP["max_batch_size"]),
+        draft_kv: str = typer.Option("separate", "--draft-kv", help=HELP["draft_kv"]),
     ) -> None:
         """Accuracy of a model on MMLU / GSM8K, gated against a reference (TensorRT-LLM's hypothesis test)."""
         opts = Options(model, tuple(t.strip() for t in task.split(",") if t.strip()), limit, num_fewshot, backend,
                        base_url, kv_cache_dtype, draft, draft_len, reference, no_reference, out, data_dir, junit,
-                       max_tokens, device, dtype, model_id, quant_algo, extra_acc_spec, seed, progress, max_batch_size)
+                       max_tokens, device, dtype, model_id, quant_algo, extra_acc_spec, seed, progress, max_batch_size,
+                       draft_kv)
         raise typer.Exit(_run(opts))
 
 
@@ -245,7 +249,8 @@ def _backend(opts: Options):
         from m3bench.evals.backends.runtime import RuntimeBackend, RuntimeOptions
 
         return RuntimeBackend(RuntimeOptions(Path(opts.model), device, dtype, opts.kv_cache_dtype, opts.draft,
-                                             opts.draft_len, max_batch_size=opts.max_batch_size))
+                                             opts.draft_len, max_batch_size=opts.max_batch_size,
+                                             draft_kv=opts.draft_kv))
     if opts.draft is not None:
         raise M3BenchError(f"--draft applies to the runtime backend; configure speculation on the {opts.backend.value} side")
     if opts.backend is BackendKind.OPENAI:

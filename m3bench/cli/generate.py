@@ -68,7 +68,7 @@ def generate(
     logprobs: Optional[int] = typer.Option(None, "--logprobs", min=0, help="Also report the top N logprobs per token."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per prompt on stdout."),
     load_format: LoadFormatChoice = typer.Option(LoadFormatChoice.AUTO, "--load-format", help="auto: the checkpoint's weights; dummy: random."),
-    kv_cache_dtype: KVChoice = typer.Option(KVChoice.BF16, "--kv-cache-dtype", help="KV cache storage."),
+    kv_cache_dtype: KVChoice = typer.Option(KVChoice.AUTO, "--kv-cache-dtype", help="KV cache storage (auto: the model dtype)."),
     tokens_per_block: int = typer.Option(128, "--tokens-per-block", min=1, help="Tokens per KV page."),
     device: str = typer.Option("cpu", "--device", help="cpu, cuda, cuda:1, ..."),
     dtype: DtypeChoice = typer.Option(DtypeChoice.AUTO, "--dtype", help="Compute dtype."),

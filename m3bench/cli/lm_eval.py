@@ -31,7 +31,7 @@ class LmEvalRun:
     batch_size: int = 64  # the engine's max_batch_size (it batches on its own)
     device: str = "cpu"
     dtype: str = "float32"
-    kv_cache_dtype: str = "bf16"
+    kv_cache_dtype: str = "auto"
     max_num_tokens: int = 2048
     include_path: Path | None = None
     apply_chat_template: bool = False
@@ -117,7 +117,7 @@ def register(app: typer.Typer) -> None:
         batch_size: int = typer.Option(64, "--batch-size", help="Engine max batch size (sequences in flight)."),
         device: str = typer.Option("cpu", "--device", help="cpu, cuda, cuda:1 ..."),
         dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16, float16."),
-        kv_cache_dtype: str = typer.Option("bf16", "--kv-cache-dtype", help="bf16, fp8, nvfp4, hybrid."),
+        kv_cache_dtype: str = typer.Option("auto", "--kv-cache-dtype", help="auto (the model dtype), bf16, fp8, nvfp4, hybrid."),
         max_num_tokens: int = typer.Option(2048, "--max-num-tokens", help="Engine token budget per step."),
         include_path: Optional[Path] = typer.Option(None, "--include-path", help="Extra lm-eval task yamls."),
         apply_chat_template: bool = typer.Option(False, "--apply-chat-template", help="Chat-format the prompts."),

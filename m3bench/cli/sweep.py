@@ -94,8 +94,13 @@ def sweep(
     repeats: int = typer.Option(1, "--repeats", min=1, help="Runs per point (their spread widens the gate)."),
     junit: Optional[Path] = typer.Option(None, "--junit", help="Write a JUnit XML of the points."),
     synthetic_acceptance: Optional[float] = typer.Option(None, "--synthetic-acceptance",
-                                                         help="Force this acceptance length (speculative)."),
-    kv_cache_dtype: str = typer.Option("bf16", "--kv-cache-dtype"),
+                                                         help="Force this acceptance length (needs --draft)."),
+    draft: Optional[Path] = typer.Option(None, "--draft", help="Eagle3 draft directory: speculative decoding "
+                                         "(with --load-format dummy only its config.json is read)."),
+    draft_len: int = typer.Option(3, "--draft-len", min=1, help="Draft tokens proposed per verify step."),
+    draft_kv: str = typer.Option("separate", "--draft-kv", help="Draft KV pages: separate or shared."),
+    cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help="Capture decode CUDA graphs (not with --draft)."),
+    kv_cache_dtype: str = typer.Option("auto", "--kv-cache-dtype", help="auto (the model dtype), bf16, fp8, nvfp4, hybrid."),
     device: str = typer.Option("cpu", "--device"),
     dtype: str = typer.Option("auto", "--dtype"),
     num_kv_blocks: Optional[int] = typer.Option(None, "--num-kv-blocks", min=1),
@@ -131,9 +136,11 @@ def sweep(
     engine = None
     if model is not None and not base_url:
         engine = EngineOptions(str(model), load_format, device, dtype, kv_cache_dtype, max_batch_size,
-                               num_kv_blocks=num_kv_blocks, seed=seed, synthetic_acceptance=synthetic_acceptance)
-    elif synthetic_acceptance is not None:
-        raise M3BenchError("--synthetic-acceptance applies to the bundled engine, not to --base-url")
+                               num_kv_blocks=num_kv_blocks, seed=seed, synthetic_acceptance=synthetic_acceptance,
+                               draft_dir=None if draft is None else str(draft), draft_len=draft_len,
+                               draft_kv=draft_kv, cuda_graphs=cuda_graphs)
+    elif synthetic_acceptance is not None or draft is not None:
+        raise M3BenchError("--draft / --synthetic-acceptance apply to the bundled engine, not to --base-url")
     kind, path = _dataset(dataset)
     slo = Slo(slo_ttft_ms, slo_tpot_ms, slo_e2el_ms) if any(v is not None for v in (slo_ttft_ms, slo_tpot_ms, slo_e2el_ms)) else None
     target = TargetKind.EXTERNAL if base_url else TargetKind.SERVE if serve_http else TargetKind.INPROCESS
@@ -193,22 +200,28 @@ def _table(rows: list[dict], front: list[dict], changes) -> None:
     delta = {(c.key, c.metric): c for c in changes}
     t = Table(title="m3bench sweep (client side; ITL = chunk gaps, TPOT per request)")
     for col in ("TP", "C", "ISL", "OSL", "req/s", "out tok/s", "tok/s/GPU", "TTFT p50 ms", "TTFT p99 ms",
-                "TPOT p50 ms", "TPOT p90 ms", "ITL p50 ms", "x90 tok/s/user", "failed", "frontier", "vs baseline"):
+                "TPOT p50 ms", "TPOT p90 ms", "ITL p50 ms", "x90 tok/s/user", "AL", "failed", "frontier", "vs baseline"):
         t.add_column(col, justify="right")
     for r in rows:
         key = (r["tp"], r["concurrency"], r["isl"], r["osl"])
         if "error" in r:
-            t.add_row(*map(str, key), *["-"] * 9, str(r.get("num_failed", "?")), "", f"[red]{r['error']}[/red]")
+            t.add_row(*map(str, key), *["-"] * 10, str(r.get("num_failed", "?")), "", f"[red]{r['error']}[/red]")
             continue
         t.add_row(*map(str, key), f"{r['request_per_s']:.2f}", f"{r['output_tok_per_s']:.1f}",
                   f"{r['total_tok_per_s_per_gpu']:.1f}", f"{r['ttft_ms_median']:.1f}", f"{r['ttft_ms_p99']:.1f}",
                   f"{r['tpot_ms_median']:.2f}", f"{r['tpot_ms_p90']:.2f}", f"{r['itl_ms_median']:.2f}",
-                  f"{r['interactivity_x90']:.1f}", str(r["num_failed"]), "*" if key in keys else "",
+                  f"{r['interactivity_x90']:.1f}", _al_text(r), str(r["num_failed"]), "*" if key in keys else "",
                   _change_text(delta, key))
     console = Console(stderr=True)
     if not console.is_terminal:
         console = Console(stderr=True, width=220)
     console.print(t)
+
+
+def _al_text(row: dict) -> str:
+    """Acceptance length of the measured window ("2.50 syn" when forced by --synthetic-acceptance)."""
+    al = row.get("spec_acceptance_length")
+    return "-" if al is None else f"{al:.2f}" + (" syn" if row.get("synthetic") else "")
 
 
 def _overhead(rows: list[dict]) -> None:

@@ -43,7 +43,7 @@ class EngineSettings:
     temperature: float = 0.0
     device: str = "cpu"
     dtype: str = "float32"
-    kv_cache_dtype: str = "bf16"
+    kv_cache_dtype: str = "auto"
     max_batch_size: int = 64
 
 

@@ -38,7 +38,7 @@ class M3BenchLMArgs:
     pretrained: Path
     dtype: str = "float32"
     device: str = "cpu"
-    kv_cache_dtype: str = "bf16"
+    kv_cache_dtype: str = "auto"
     max_batch_size: int = 64
     max_num_tokens: int = 2048
     tokens_per_block: int = 128

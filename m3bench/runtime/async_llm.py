@@ -239,6 +239,7 @@ def _enrich(delta: Any, seq: Any) -> StreamDelta:
 def engine_stats(llm: Any, counts: dict[str, int]) -> EngineStats:
     """A snapshot of the engine's queues, KV pool and speculation counters (engine thread only)."""
     s = llm.stats()
+    drafts, proposed, accepted, per_pos = _spec_totals(llm)
     return EngineStats(
         num_running=s.num_running,
         num_waiting=s.num_waiting,
@@ -248,8 +249,23 @@ def engine_stats(llm: Any, counts: dict[str, int]) -> EngineStats:
         generation_tokens_total=counts["generation"],
         requests_finished_total=counts["finished"],
         requests_aborted_total=counts["aborted"],
-        spec_drafts=getattr(s, "spec_drafts", 0),
-        spec_draft_tokens=getattr(s, "spec_draft_tokens", 0),
-        spec_accepted_tokens=getattr(s, "spec_accepted_tokens", 0),
-        spec_accepted_per_pos=tuple(getattr(s, "spec_accepted_per_pos", ())),
+        spec_drafts=drafts,
+        spec_draft_tokens=proposed,
+        spec_accepted_tokens=accepted,
+        spec_accepted_per_pos=per_pos,
     )
+
+
+def _spec_totals(llm: Any) -> tuple[int, int, int, tuple[int, ...]]:
+    """Running totals (drafts, draft tokens, accepted, accepted per position) of `llm.spec_stats()`;
+    zeros before the first draft and without speculation."""
+    from m3bench.runtime.speculative.stats import EmptySampleError
+
+    spec_stats = getattr(llm, "spec_stats", None)
+    try:
+        s = spec_stats() if spec_stats is not None else None
+    except EmptySampleError:
+        s = None
+    if s is None:
+        return 0, 0, 0, ()
+    return s.drafts, s.proposed, s.accepted, tuple(s.accepted_per_position)

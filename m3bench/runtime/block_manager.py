@@ -72,6 +72,7 @@ class BlockManager:
         self.pending: list[tuple[int, int, int]] = []  # (row, column, page) writes not yet on the device
         self.stats = PrefixStats()
         self.on_free: list = []  # callables(seq) run when a request's pages go (speculation drops its draft state)
+        self.on_move: list = []  # callables(src_row, dst_row) run when a row's contents move to fill a hole
 
     @property
     def num_available(self) -> int:
@@ -201,6 +202,8 @@ class BlockManager:
         if last is not seq:  # move the last row into the hole: rows stay dense
             self.flush()
             self.table[seq.row].copy_(self.table[last.row])
+            for hook in self.on_move:
+                hook(last.row, seq.row)
             self.row_owner[seq.row] = last
             last.row = seq.row
         seq.row = -1

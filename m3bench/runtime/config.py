@@ -136,15 +136,7 @@ class ModelConfig:
     @classmethod
     def from_pretrained(cls, path: Path | str) -> "ModelConfig":
         """Parse `path/config.json` (or a config.json path itself)."""
-        p = Path(path)
-        p = p / "config.json" if p.is_dir() else p
-        if not p.exists():
-            raise ConfigError(f"no config.json at {p}")
-        try:
-            raw = json.loads(p.read_text())
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{p} is not valid JSON: {e.msg} (line {e.lineno})") from None
-        return cls.from_dict(raw)
+        return cls.from_dict(read_config_json(path))
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> "ModelConfig":
@@ -163,6 +155,18 @@ class ModelConfig:
             return _parse_dense(raw, DENSE_TYPES[model_type])
         known = sorted(["minimax_m3_vl", *M3_TEXT_TYPES, *DENSE_TYPES])
         raise ConfigError(f"unsupported model_type {model_type!r}; supported: {', '.join(known)}")
+
+
+def read_config_json(path: Path | str, what: str = "config.json") -> Any:
+    """The JSON of `path/config.json` (or of a config.json path itself); a clear ConfigError otherwise."""
+    p = Path(path)
+    p = p / "config.json" if p.is_dir() else p
+    if not p.exists():
+        raise ConfigError(f"no {what} at {p}")
+    try:
+        return json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{p} is not valid JSON: {e.msg} (line {e.lineno})") from None
 
 
 M3_TEXT_TYPES = ("minimax_m3", "minimax_m3_sparse", "minimax_m3_vl_text", "minimax_m3_text")

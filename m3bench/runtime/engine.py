@@ -6,7 +6,9 @@
         deltas = engine.step()          # list[RequestDelta]: new tokens / text / timestamps per request
 
 Inputs are built on the host as one int64 buffer and copied to the device once; the slot of every
-token is looked up on the device from the persistent block table (no page ids cross the bus).
+token is looked up on the device from the persistent block table (no page ids cross the bus). A step
+in which every request decodes one token from its own row is built on the device instead, from the
+tokens and positions the previous steps left there (runtime/decode_state: no per-request host work).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 
 from m3bench.runtime.attention.metadata import AttnMetadata
 from m3bench.runtime.block_manager import BlockManager
+from m3bench.runtime.decode_state import PLACEHOLDER, DecodeState
 from m3bench.runtime.kv_cache import KVCache
 from m3bench.runtime.sampler import Sampler, SamplerOutput, make_generator
 from m3bench.runtime.scheduler import ScheduledBatch, Scheduler
@@ -49,6 +52,10 @@ class StepInputs:
     sample_seqs: list[Sequence]
     score_targets: torch.Tensor  # [N - len(sample_seqs)] the token each score row predicts
     score_counts: list[tuple[Sequence, int]]  # score rows per scoring request, in order
+    device_built: bool = False  # a decode step built from the DecodeState (rows 0..B-1, one token each)
+    sample_rows: torch.Tensor | None = None  # host-built: block-table row of each sampled request
+    sample_pos: torch.Tensor | None = None  # host-built: the position its sampled token will take
+    sample_pos_host: list[int] = dataclasses.field(default_factory=list)
 
 
 class ModelRunner:
@@ -59,13 +66,20 @@ class ModelRunner:
         self.model, self.kv, self.bm, self.device = model, kv, bm, device
         self.P = bm.P
         self.graphs = graphs
+        self.state: DecodeState | None = DecodeState(bm, device)  # None: every step built on the host
+        self._idx = torch.arange(bm.max_rows + 1, dtype=torch.int64, device=device)
+        self._qsl = self._idx.int()
+        self._none = self._idx[:0]
 
     def prepare(self, batch: ScheduledBatch) -> StepInputs:
+        if self.state is not None and self.state.ready(batch):
+            return self._prepare_decode(batch)
         ids: list[int] = []
         rows: list[int] = []
         pos: list[int] = []
         seq_lens: list[int] = []
         sample_idx, sample_seqs, score_idx, targets, counts = [], [], [], [], []
+        sample_rows, sample_pos, ph_idx, ph_rows = [], [], [], []
         for seq, n in zip(batch.seqs, batch.num_tokens):
             start, end = seq.num_computed, seq.num_computed + n
             base = len(ids)
@@ -81,19 +95,38 @@ class ModelRunner:
             elif end == seq.num_tokens:
                 sample_idx.append(base + n - 1)
                 sample_seqs.append(seq)
+                sample_rows.append(seq.row)
+                sample_pos.append(end)
+            if ids[-1] == PLACEHOLDER:  # its token is still on the device (asynchronous scheduling)
+                ph_idx.append(len(ids) - 1)
+                ph_rows.append(seq.row)
         return self._to_device(batch, ids, pos, rows, seq_lens, sample_idx + score_idx, targets,
-                               sample_seqs, counts)
+                               sample_seqs, counts, [sample_rows, sample_pos, ph_idx, ph_rows])
 
-    def _to_device(self, batch, ids, pos, rows, seq_lens, logits_idx, targets, sample_seqs, counts) -> StepInputs:
+    def _prepare_decode(self, batch: ScheduledBatch) -> StepInputs:
+        """Inputs of a decode step from the DecodeState: no per-request work on the host."""
+        B = len(batch.seqs)
+        self.bm.flush()
+        ids, pos, slots, lens, lens_host = self.state.inputs(B)
+        width = -(-max(lens_host) // self.P)
+        meta = AttnMetadata(query_start_loc=self._qsl[:B + 1], seq_lens=lens, block_tables=self.bm.table[:B, :width],
+                            slot_mapping=slots, positions=pos, query_lens_host=[1] * B, seq_lens_host=lens_host)
+        return StepInputs(ids, pos, meta, self._idx[:B], batch.seqs, self._none, [], device_built=True)
+
+    def _to_device(self, batch, ids, pos, rows, seq_lens, logits_idx, targets, sample_seqs, counts,
+                   extra: list[list[int]]) -> StepInputs:
         T, B, N = len(ids), len(seq_lens), len(logits_idx)
         q_lens = list(batch.num_tokens)
         starts = [0]
         for q in q_lens:
             starts.append(starts[-1] + q)
-        host = torch.tensor(ids + pos + rows + starts + seq_lens + logits_idx + targets, dtype=torch.int64)
+        host = torch.tensor(ids + pos + rows + starts + seq_lens + logits_idx + targets + [v for e in extra for v in e],
+                            dtype=torch.int64)
         dev = host.to(self.device, non_blocking=True)
-        cut = [T, T, T, B + 1, B, N, len(targets)]
-        input_ids, positions, rows_t, qsl, lens, idx, tgt = dev.split(cut)
+        cut = [T, T, T, B + 1, B, N, len(targets)] + [len(e) for e in extra]
+        input_ids, positions, rows_t, qsl, lens, idx, tgt, s_rows, s_pos, ph_idx, ph_rows = dev.split(cut)
+        if extra[2]:
+            input_ids[ph_idx] = self.state.tokens[ph_rows]
         self.bm.flush()
         table = self.bm.table
         slots = table[rows_t, positions // self.P].long() * self.P + positions % self.P
@@ -101,12 +134,27 @@ class ModelRunner:
         meta = AttnMetadata(query_start_loc=qsl.int(), seq_lens=lens.int(),
                             block_tables=self.bm.rows_view(batch.seqs, width), slot_mapping=slots,
                             positions=positions, query_lens_host=q_lens, seq_lens_host=seq_lens)
-        return StepInputs(input_ids, positions, meta, idx, sample_seqs, tgt, counts)
+        return StepInputs(input_ids, positions, meta, idx, sample_seqs, tgt, counts, False, s_rows, s_pos, extra[1])
+
+    def record(self, inputs: StepInputs, sampled: torch.Tensor) -> None:
+        """Keep the step's sampled tokens on the device as the next decode inputs of their rows."""
+        if self.state is None:
+            return
+        if inputs.device_built:
+            self.state.advance(len(inputs.sample_seqs), sampled)
+        else:
+            self.state.record(inputs.sample_seqs, inputs.sample_rows, inputs.sample_pos, inputs.sample_pos_host,
+                              sampled)
+
+    def _graph_fits(self, inputs: StepInputs, batch: ScheduledBatch) -> bool:
+        if inputs.device_built:
+            return len(batch.seqs) <= self.graphs.sizes[-1]
+        return self.graphs.fits(batch)
 
     @torch.inference_mode()
     def run(self, inputs: StepInputs, batch: ScheduledBatch) -> torch.Tensor:
         """Logits [N, V] float32 of the rows in inputs.logits_idx."""
-        if self.graphs is not None and self.graphs.fits(batch):
+        if self.graphs is not None and self._graph_fits(inputs, batch):
             hidden = self.graphs.replay(inputs)
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv)
@@ -191,7 +239,7 @@ class Engine:
     def add(self, seq: Sequence) -> None:
         if seq.params.seed is not None:
             seq.generator = make_generator(seq.params.seed, self.runner.device)
-        if self.tokenizer is not None and not seq.is_score:
+        if self.tokenizer is not None and not seq.is_score and seq.params.detokenize:
             seq.detok = Detokenizer(self.tokenizer, seq.prompt_ids)
         self.scheduler.add(seq)
         if seq.params.max_tokens == 0 and not seq.is_score:
@@ -220,6 +268,8 @@ class Engine:
         logits = self.runner.run(inputs, batch)
         ns = len(inputs.sample_seqs)
         sampled = self._sample(logits[:ns], inputs.sample_seqs) if ns else None
+        if sampled is not None:
+            self.runner.record(inputs, sampled.token_ids)
         self._score(logits[ns:], inputs)
         return dropped + self._postprocess(batch, inputs.sample_seqs, sampled)
 

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import itertools
+import weakref
 import sys
 from dataclasses import dataclass
 from enum import Enum
@@ -25,6 +26,7 @@ from m3bench.runtime.config import ModelConfig
 from m3bench.runtime.engine import DecodeGraphs, Engine, ModelRunner, RequestDelta
 from m3bench.runtime.errors import InputError
 from m3bench.runtime.kv_cache import KVCache, KVDtype
+from m3bench.runtime.overlap_engine import OverlapEngine
 from m3bench.runtime.sampler import Sampler
 from m3bench.runtime.scheduler import Scheduler
 from m3bench.runtime.sequence import SamplingParams, Sequence, Timings
@@ -68,21 +70,26 @@ class LLMStats:
 
 class LLM:
     def __init__(self, model: str | Path | Any | None = None, device: str = "cpu", dtype: str = "float32",
-                 kv_cache_dtype: str = "bf16", tokens_per_block: int = 128, load_format: str = "auto",
+                 kv_cache_dtype: str = "auto", tokens_per_block: int = 128, load_format: str = "auto",
                  max_batch_size: int = 64, max_num_tokens: int = 2048, num_kv_blocks: int | None = None,
                  gpu_memory_utilization: float = 0.9, enable_prefix_caching: bool = True,
                  cuda_graphs: bool = False, seed: int = 0, config: ModelConfig | str | Path | None = None,
                  tokenizer: Any = None, attention_backend: str = "auto", speculative_model: Any = None,
                  draft_len: int = 3, draft_kv: str = "separate", synthetic_acceptance_length: float | None = None,
-                 draft_page_size: int | None = None, tensor_parallel_size: int = 1) -> None:
+                 draft_page_size: int | None = None, tensor_parallel_size: int = 1,
+                 async_scheduling: bool | None = None) -> None:
         """`model`: a checkpoint directory, or an M3ForCausalLM already built (its device and dtype win).
 
         `attention_backend`: "auto" (Triton on CUDA, torch on CPU; a model built by the caller keeps
         its own backend), "torch" or "triton". `tensor_parallel_size` N > 1 runs the model over N
-        processes (m3bench spawns ranks 1..N-1, or joins torchrun's; see runtime/distributed)."""
+        processes (m3bench spawns ranks 1..N-1, or joins torchrun's; see runtime/distributed).
+        `async_scheduling`: schedule step N+1 while step N runs (runtime/overlap_engine; same outputs, deltas
+        one step() later); None: on for CUDA without speculation or tensor parallelism, off otherwise."""
         _check_sizes(tokens_per_block, max_batch_size, max_num_tokens)
         self._tp = _start_tp(tensor_parallel_size, model, config, dtype, device, load_format, seed, attention_backend,
                              tokens_per_block, cuda_graphs, speculative_model)
+        if self._tp is not None:  # workers stop with this LLM (also when the rest of __init__ fails)
+            weakref.finalize(self, self._tp.shutdown)
         self.model = _build_model(model, config, _dtype(dtype), self._tp.device if self._tp else torch.device(device),
                                   _load_format(load_format), seed, self._tp.tp if self._tp else None)
         _pick_backend(self.model, attention_backend, tokens_per_block, prebuilt=self.model is model)
@@ -92,11 +99,13 @@ class LLM:
         self.tokenizer = tokenizer if tokenizer is not None else getattr(self._tok, "hf", None)  # transformers'
         _check_graphs(cuda_graphs, self.device, self.model)
         self.spec, self.draft = _spec_setup(self.model, speculative_model, draft_len, draft_kv,  # Eagle3 (or None)
-                                            synthetic_acceptance_length, draft_page_size, cuda_graphs)
+                                            synthetic_acceptance_length, draft_page_size, cuda_graphs,
+                                            _draft_dummy_seed(load_format, seed))
         enable_prefix_caching = enable_prefix_caching and _spec_caching(self.spec)
         kv_dtype = _kv_dtype(kv_cache_dtype)
         num_blocks = self._pool_size(num_kv_blocks, tokens_per_block, kv_dtype, gpu_memory_utilization,
                                      max_num_tokens)
+        self.async_scheduling = _async_choice(async_scheduling, self.device, self.spec, self._tp)
         self.engine = self._build_engine(num_blocks, tokens_per_block, kv_dtype, max_batch_size, max_num_tokens,
                                          enable_prefix_caching, seed, cuda_graphs)
         self._ids = itertools.count()
@@ -142,7 +151,8 @@ class LLM:
             self._tp.alloc(num_blocks + extra, P, kv_dtype)  # the other ranks' pools mirror this one
         kv = KVCache(self.config, num_blocks + extra, P, kv_dtype, self.dtype, self.device, self.model.tp)
         bm = BlockManager(num_blocks, P, max_batch_size, max_pages, self.device, caching)
-        decode_graphs = DecodeGraphs(self.model, kv, bm, num_blocks, max_batch_size) if graphs else None
+        plain_graphs = graphs and self.spec is None  # speculation captures its own (speculative/graphs.py)
+        decode_graphs = DecodeGraphs(self.model, kv, bm, num_blocks, max_batch_size) if plain_graphs else None
         if decode_graphs is not None:
             decode_graphs.capture()
         runner = (ModelRunner(self.model, kv, bm, self.device, decode_graphs) if self._tp is None else
@@ -153,14 +163,15 @@ class LLM:
 
             engine = build_spec_engine(self.model, kv, bm, scheduler, Sampler(self.device, seed), self.tokenizer,
                                        _eos_ids(self.config, self._tok), self.max_model_len, self.spec, self.draft,
-                                       max_batch_size, max_num_tokens)
+                                       max_batch_size, max_num_tokens, graphs)
             if self._tp is not None:  # the target's and the draft's calls then run on every rank
                 from m3bench.runtime.distributed.mirror import mirror_spec_runner
 
                 mirror_spec_runner(self._tp, engine.spec, kv)
             return engine
-        return Engine(runner, scheduler, Sampler(self.device, seed), self.tokenizer,
-                      _eos_ids(self.config, self._tok), self.max_model_len)
+        engine_cls = OverlapEngine if self.async_scheduling else Engine
+        return engine_cls(runner, scheduler, Sampler(self.device, seed), self.tokenizer,
+                          _eos_ids(self.config, self._tok), self.max_model_len)
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel worker processes (also done at exit); a no-op at TP 1."""
@@ -372,6 +383,17 @@ def _pick_backend(model: Any, name: str, tokens_per_block: int, prebuilt: bool) 
     select.check_backend_layout(model.backend, model.cfg, tokens_per_block)
 
 
+def _async_choice(requested: bool | None, device: torch.device, spec: Any, tp: Any) -> bool:
+    """Overlap scheduling: default on for CUDA; not with speculation or tensor parallelism (yet)."""
+    if requested is None:
+        return device.type == "cuda" and spec is None and tp is None
+    if requested and spec is not None:
+        raise InputError("async_scheduling is not supported with speculative decoding: pass async_scheduling=False")
+    if requested and tp is not None:
+        raise InputError("async_scheduling is not supported with tensor_parallel_size > 1 yet")
+    return bool(requested)
+
+
 def _check_graphs(cuda_graphs: bool, device: torch.device, model: Any) -> None:
     if not cuda_graphs:
         return
@@ -444,22 +466,25 @@ def _progress(total: int):
 
 
 def _spec_setup(model: Any, draft: Any, draft_len: int, draft_kv: str, synthetic_al: float | None,
-                page_size: int | None, graphs: bool) -> tuple[Any, Any]:
-    """(SpecConfig, Eagle3Draft) for speculative_model=..., or (None, None)."""
+                page_size: int | None, graphs: bool, dummy_seed: int | None = None) -> tuple[Any, Any]:
+    """(SpecConfig, Eagle3Draft) for speculative_model=..., or (None, None); `dummy_seed`: random draft weights."""
     if draft is None:
         return None, None
     from m3bench.runtime.speculative.config import DraftKVLayout, SpecConfig
     from m3bench.runtime.speculative.setup import load_draft
 
-    if graphs:
-        raise InputError("cuda_graphs are not captured for speculative decoding yet: run without them")
     try:
         layout = DraftKVLayout(draft_kv)
     except ValueError:
         raise InputError(f"unknown draft_kv {draft_kv!r} (choose from separate, shared)") from None
     where = draft if isinstance(draft, (str, Path)) else "."
     spec = SpecConfig(Path(where), draft_len, layout, page_size, synthetic_acceptance_length=synthetic_al)
-    return spec, load_draft(draft, model)
+    return spec, load_draft(draft, model, dummy_seed)
+
+
+def _draft_dummy_seed(load_format: str | LoadFormat, seed: int) -> int | None:
+    """load_format="dummy" covers the draft too: only its config.json is read (seed + 1: not the target's)."""
+    return seed + 1 if _load_format(load_format) is LoadFormat.DUMMY else None
 
 
 def _spec_caching(spec: Any) -> bool:

@@ -155,13 +155,21 @@ class M3ForCausalLM(nn.Module):
             _dummy_fill(slot, self.cfg, g)
 
     def _dummy_shard(self, slot: WeightSlot, seed: int) -> None:
-        g = torch.Generator(device=self.device).manual_seed(seed * 1_000_003 + zlib.crc32(slot.name.encode()))
         shape = list(slot.target.shape)
         if slot.shard_dim is not None:
             shape[slot.shard_dim] *= (slot.split or (0, self.tp.world))[1]
-        full = torch.empty(shape, dtype=slot.target.dtype, device=self.device)
-        _dummy_fill(WeightSlot(slot.name, full, None), self.cfg, g)
+        full = dummy_tensor(slot.name, tuple(shape), slot.target.dtype, self.cfg, seed, self.device)
         slot.target.copy_(self._local(full, slot))
+
+
+def dummy_tensor(name: str, shape: tuple[int, ...], dtype: torch.dtype, cfg: ModelConfig, seed: int,
+                 device: torch.device | str = "cpu") -> torch.Tensor:
+    """The full canonical tensor `name` as init_dummy draws it under TP (its own generator per name,
+    so every rank draws the same values and keeps its shard)."""
+    g = torch.Generator(device=device).manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+    full = torch.empty(shape, dtype=dtype, device=device)
+    _dummy_fill(WeightSlot(name, full, None), cfg, g)
+    return full
 
 
 def _dummy_fill(slot: WeightSlot, cfg: ModelConfig, g: torch.Generator) -> None:

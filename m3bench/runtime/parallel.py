@@ -40,7 +40,7 @@ class TPGroup:
     def head_split(self, n: int, what: str = "heads") -> tuple[int, int]:
         """(piece, pieces) of n heads over the world: n / world heads a rank, or, when n < world, one
         head duplicated on world / n consecutive ranks (rank r holds head r // (world / n))."""
-        pieces = n if n < self.world else self.world
+        pieces = min(self.world, n)
         if n % pieces or self.world % pieces:
             raise ValueError(f"{what} {n} neither split over nor divide tensor-parallel world {self.world}")
         return self.rank * pieces // self.world, pieces

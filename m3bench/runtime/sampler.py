@@ -52,14 +52,14 @@ class Sampler:
 
     def _random(self, x: torch.Tensor, params: Seq[SamplingParams], generators: Seq[torch.Generator | None],
                 greedy: torch.Tensor) -> torch.Tensor:
-        temp = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], device=x.device)
+        temp = _to(x.device, [p.temperature if p.temperature > 0 else 1.0 for p in params], torch.float32)
         x = x / temp[:, None]
         if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
             x = top_k_top_p(x, [p.top_k for p in params], [p.top_p for p in params])
         probs = torch.softmax(x, dim=-1)
         q = self._exponential(probs, generators)
         sampled = (probs / q).argmax(dim=-1)
-        is_greedy = torch.tensor([p.greedy for p in params], device=x.device)
+        is_greedy = _to(x.device, [p.greedy for p in params], torch.bool)
         return torch.where(is_greedy, greedy, sampled)
 
     def _exponential(self, probs: torch.Tensor, generators: Seq[torch.Generator | None]) -> torch.Tensor:
@@ -74,8 +74,8 @@ class Sampler:
 def top_k_top_p(x: torch.Tensor, top_k: Seq[int], top_p: Seq[float]) -> torch.Tensor:
     """Set to -inf the logits outside each row's top-k and top-p nucleus (k 0 / p 1: off; keeps >= 1)."""
     V = x.shape[-1]
-    k = torch.tensor([kk if 0 < kk < V else V for kk in top_k], device=x.device)
-    p = torch.tensor(list(top_p), device=x.device, dtype=torch.float32)
+    k = _to(x.device, [kk if 0 < kk < V else V for kk in top_k], torch.int64)
+    p = _to(x.device, list(top_p), torch.float32)
     sorted_x, order = x.sort(dim=-1, descending=True)
     rank = torch.arange(V, device=x.device)[None, :]
     drop = rank >= k[:, None]
@@ -86,6 +86,11 @@ def top_k_top_p(x: torch.Tensor, top_k: Seq[int], top_p: Seq[float]) -> torch.Te
     drop[:, 0] = False
     sorted_x = sorted_x.masked_fill(drop, float("-inf"))
     return torch.empty_like(x).scatter_(-1, order, sorted_x)
+
+
+def _to(device: torch.device, values: list, dtype: torch.dtype) -> torch.Tensor:
+    """A small host list on the device without waiting for the device's queue (torch.tensor(device=...) syncs)."""
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
 
 def _ban(x: torch.Tensor, banned: Seq[Seq[int]]) -> torch.Tensor:

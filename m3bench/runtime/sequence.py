@@ -28,6 +28,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # None: no logprobs; 0: the chosen token's; n: plus the top n
     min_tokens: int = 0
+    detokenize: bool = True  # False: token ids only, text stays "" (benchmarks; ids the tokenizer lacks are fine)
 
     def __post_init__(self) -> None:
         for name in ("stop", "stop_token_ids"):  # accept lists and a lone string
@@ -44,6 +45,8 @@ class SamplingParams:
             raise InputError(f"top_k must be >= 0 (0 disables), got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise InputError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.stop and not self.detokenize:
+            raise InputError("stop strings need detokenize=True")
         if self.logprobs is not None and self.logprobs < 0:
             raise InputError(f"logprobs must be >= 0, got {self.logprobs}")
 

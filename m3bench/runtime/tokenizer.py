@@ -30,12 +30,17 @@ class Tokenizer:
     def from_pretrained(cls, path: Path | str) -> "Tokenizer":
         """Load `path`'s tokenizer.json / tokenizer_config.json / chat template."""
         from transformers import AutoTokenizer
+        from transformers.utils import logging as hf_logging
 
         path = Path(path)
+        level = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # AutoTokenizer reads config.json and warns about M3's model_type
         try:
             hf = AutoTokenizer.from_pretrained(str(path))
         except (OSError, ValueError, KeyError) as e:
             raise CheckpointError(f"cannot load the tokenizer of {path}: {str(e).splitlines()[0]}") from None
+        finally:
+            hf_logging.set_verbosity(level)
         return cls(hf=hf, eos_token_ids=stop_ids(hf, path), bos_token_id=hf.bos_token_id)
 
     @property

@@ -261,7 +261,8 @@ def assert_gsm_agrees(ours: dict, ref: dict) -> None:
 
 # ----------------------------------------------------------------------------- the checks
 
-SLOW_MARK = pytest.param(SLOW, marks=pytest.mark.slow, id="slow")
+# the 5-shot case takes ~10 minutes on 2 cores: `extended`, which CI deselects (run it with -m extended)
+SLOW_MARK = pytest.param(SLOW, marks=[pytest.mark.slow, pytest.mark.extended], id="slow")
 CASES = [pytest.param(CHEAP, id="cheap"), SLOW_MARK]
 
 

@@ -25,12 +25,13 @@ class RuntimeOptions:
     model: Path
     device: str = "cpu"
     dtype: str = "bfloat16"
-    kv_cache_dtype: str = "bf16"
+    kv_cache_dtype: str = "auto"
     draft: Path | None = None
     draft_len: int = 3
     max_batch_size: int = 64
     max_num_tokens: int = 2048
     seed: int = 0
+    draft_kv: str = "separate"  # the draft's KV pages: separate or shared (with the target's)
 
 
 class RuntimeBackend:
@@ -39,12 +40,12 @@ class RuntimeBackend:
     def __init__(self, options: RuntimeOptions):
         from m3bench.runtime import LLM
 
-        if options.draft is not None:
-            raise InputError("the runtime backend's LLM takes no draft model yet: run without --draft")
         self.options = options
         self.llm = LLM(str(options.model), device=options.device, dtype=options.dtype,
                        kv_cache_dtype=options.kv_cache_dtype, max_batch_size=options.max_batch_size,
-                       max_num_tokens=options.max_num_tokens, seed=options.seed)
+                       max_num_tokens=options.max_num_tokens, seed=options.seed,
+                       speculative_model=None if options.draft is None else str(options.draft),
+                       draft_len=options.draft_len, draft_kv=options.draft_kv)
         if self.llm.tokenizer is None:
             raise InputError(f"{options.model} has no tokenizer: text evaluations need one")
 
@@ -77,7 +78,12 @@ class RuntimeBackend:
                 pending.num_tokens += len(d.token_ids)
                 if d.finished:
                     del live[d.request_id]
-                    on_done(pending.index, pending.result(d.finish_reason))
+                    on_done(pending.index, pending.result(d.finish_reason, self._spec_of(d.request_id)))
+
+    def _spec_of(self, request_id: int) -> dict[str, Any]:
+        """The request's acceptance counters and figures (SpecStats); empty without speculation or drafts."""
+        stats = self.llm.request_spec_stats(request_id) if self.options.draft is not None else None
+        return {} if stats is None else stats.to_dict()
 
     def _submit(self, ids: list[int], r: GenRequest) -> int:
         from m3bench.runtime import SamplingParams
@@ -106,6 +112,7 @@ class RuntimeBackend:
         o = self.options
         return {"model": str(o.model), "device": o.device, "dtype": o.dtype, "kv_cache_dtype": o.kv_cache_dtype,
                 "draft": None if o.draft is None else str(o.draft), "draft_len": o.draft_len if o.draft else None,
+                "draft_kv": o.draft_kv if o.draft else None,
                 "max_batch_size": o.max_batch_size, "devices": _devices(o.device)}
 
     def close(self) -> None:
@@ -122,9 +129,10 @@ class _Pending:
     pieces: list[str] = field(default_factory=list)
     num_tokens: int = 0
 
-    def result(self, finish_reason: str | None) -> GenResult:
+    def result(self, finish_reason: str | None, spec: dict[str, Any]) -> GenResult:
         text = cut_at_stop("".join(self.pieces), self.request.stop)
-        return GenResult(text, "length" if finish_reason == "length" else "stop", self.num_prompt_tokens, self.num_tokens)
+        return GenResult(text, "length" if finish_reason == "length" else "stop", self.num_prompt_tokens, self.num_tokens,
+                         spec)
 
 
 def cut_at_stop(text: str, stop: Sequence[str]) -> str:

@@ -11,21 +11,37 @@ Under torchrun, ranks > 0 call `start_driver` too: it serves rank 0 until STOP, 
 from __future__ import annotations
 
 import atexit
+import logging
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
-from m3bench.runtime.distributed.groups import RankGroups, destroy_groups, init_groups, rank_device, torchrun_rank
+from m3bench.runtime.distributed.groups import (
+    RankGroups,
+    destroy_groups,
+    init_groups,
+    rank_device,
+    torchrun_rank,
+)
 from m3bench.runtime.distributed.launcher import WorkerPool
 from m3bench.runtime.distributed.mirror import send_call
-from m3bench.runtime.distributed.protocol import Op, broadcast_step, kv_code, send_header
+from m3bench.runtime.distributed.protocol import (
+    Op,
+    broadcast_step,
+    kv_code,
+    send_header,
+)
 from m3bench.runtime.distributed.worker import WorkerSpec, agree_min, serve
 from m3bench.runtime.engine import ModelRunner
 from m3bench.runtime.errors import InputError
 from m3bench.runtime.kv_cache import KVDtype
 from m3bench.runtime.parallel import TPGroup
+
+log = logging.getLogger(__name__)
+
 
 class Driver:
     def __init__(self, groups: RankGroups, pool: WorkerPool | None) -> None:
@@ -60,9 +76,11 @@ class Driver:
 
     def mirrored(self, callee: Any, method: Any, encoded: tuple, run: Any) -> Any:
         """Announce a mirrored call (mirror.py), then run it here as every rank does."""
+        desc, tensors = encoded
+        tensors = [t.to(self.device) for t in tensors]  # the model group's device (NCCL: GPU tensors only)
         self.in_step = True
         with self.guard():
-            send_call(self.groups.control, self.tp.group, callee, method, *encoded)
+            send_call(self.groups.control, self.tp.group, callee, method, desc, tensors)
             out = run()
         self.in_step = False
         return out
@@ -105,8 +123,8 @@ class Driver:
                 from torch.distributed.distributed_c10d import _abort_process_group
 
                 _abort_process_group()
-            except Exception:  # noqa: BLE001 - best effort; the step then fails on its own timeout
-                pass
+            except Exception as e:  # noqa: BLE001 - best effort; the step then fails on its own timeout
+                log.warning("could not abort the NCCL process group: %s", e)
 
     def shutdown(self) -> None:
         """STOP the other ranks when they can hear it, then make sure every worker process is gone."""
@@ -194,8 +212,8 @@ def _join_torchrun(world: int, spec: WorkerSpec, rank: int, local_rank: int) -> 
 def _destroy_quietly(groups: RankGroups) -> None:
     try:
         destroy_groups(groups)
-    except Exception:  # noqa: BLE001 - the peers are gone; nothing is left to release cleanly
-        pass
+    except Exception as e:  # noqa: BLE001 - the peers are gone; nothing is left to release cleanly
+        log.debug("destroying the process group after a failure: %s", e)
 
 
 def _register(driver: Driver) -> Driver:

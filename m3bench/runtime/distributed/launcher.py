@@ -16,9 +16,10 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from m3bench.runtime.distributed.worker import WorkerSpec, spawned_main
 
@@ -41,7 +42,7 @@ class WorkerPool:
         return f"file://{self.run_dir / 'rendezvous'}"
 
     @classmethod
-    def spawn(cls, world: int, spec: WorkerSpec) -> "WorkerPool":
+    def spawn(cls, world: int, spec: WorkerSpec) -> WorkerPool:
         import torch.multiprocessing as mp
 
         run_dir = Path(tempfile.mkdtemp(prefix="m3bench-tp-"))

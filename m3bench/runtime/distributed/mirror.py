@@ -12,8 +12,9 @@ group, then every tensor on the model group); then all ranks run the module. Ten
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import IntEnum
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

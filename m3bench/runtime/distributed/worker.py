@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -18,9 +19,19 @@ from typing import Any
 
 import torch
 
-from m3bench.runtime.distributed.groups import RankGroups, destroy_groups, init_groups, rank_device
+from m3bench.runtime.distributed.groups import (
+    RankGroups,
+    destroy_groups,
+    init_groups,
+    rank_device,
+)
 from m3bench.runtime.distributed.mirror import Callee, Method, Store, receive_call
-from m3bench.runtime.distributed.protocol import KV_DTYPES, Op, receive_step, recv_header
+from m3bench.runtime.distributed.protocol import (
+    KV_DTYPES,
+    Op,
+    receive_step,
+    recv_header,
+)
 from m3bench.runtime.kv_cache import KVCache, KVDtype
 
 PARENT_POLL_S = 0.5
@@ -65,9 +76,10 @@ def serve(spec: WorkerSpec, groups: RankGroups) -> None:
 def build_draft(spec: WorkerSpec, model: Any) -> Any:
     if spec.draft is None:
         return None
+    from m3bench.runtime import llm
     from m3bench.runtime.speculative.setup import load_draft
 
-    return load_draft(spec.draft, model)
+    return load_draft(spec.draft, model, llm._draft_dummy_seed(spec.load_format, spec.seed))
 
 
 class RankState:
@@ -146,7 +158,7 @@ def agree_min(control: Any, value: int) -> int:
 def spawned_main(rank: int, world: int, init_method: str, spec: WorkerSpec, run_dir: str, parent_pid: int) -> None:
     """Entry point of a spawned worker: errors go to run_dir/worker<rank>.err and exit code 1."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is rank 0's to handle; it then stops us
-    _watch_parent(parent_pid)
+    _watch_parent(parent_pid, run_dir)
     try:
         device = rank_device(spec.device, rank)
         Path(run_dir, f"worker{rank}.ready").touch()  # rank 0 joins the rendezvous once every worker got here
@@ -158,14 +170,20 @@ def spawned_main(rank: int, world: int, init_method: str, spec: WorkerSpec, run_
         Path(run_dir, f"worker{rank}.err").write_text(text)
         sys.stderr.write(f"m3bench tensor-parallel worker {rank} failed:\n{text}")
         sys.stderr.flush()
-        os._exit(1)
+        _exit_after_parent(parent_pid, run_dir, PARENT_POLL_S * 2)
 
 
-def _watch_parent(parent_pid: int) -> None:
+def _watch_parent(parent_pid: int, run_dir: str) -> None:
     """Exit when rank 0's process is gone (killed without a chance to stop us): no orphans."""
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(PARENT_POLL_S)
-        os._exit(1)
+    threading.Thread(target=_exit_after_parent, args=(parent_pid, run_dir, float("inf")),
+                     name="m3bench-parent-watch", daemon=True).start()
 
-    threading.Thread(target=watch, name="m3bench-parent-watch", daemon=True).start()
+
+def _exit_after_parent(parent_pid: int, run_dir: str, wait_s: float) -> None:
+    """Exit 1 once rank 0 is gone (at most wait_s from now); a gone rank 0 leaves its run directory to us."""
+    deadline = time.monotonic() + wait_s
+    while os.getppid() == parent_pid and time.monotonic() < deadline:
+        time.sleep(PARENT_POLL_S)
+    if os.getppid() != parent_pid:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    os._exit(1)

@@ -10,12 +10,12 @@ residual stream at the *input* of layer j (= the output of layer j - 1; 0 is the
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from m3bench.runtime.config import read_config_json
 from m3bench.runtime.errors import ConfigError
 
 ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "EAGLE3LlamaForCausalLM")
@@ -79,15 +79,7 @@ class EagleConfig:
     @classmethod
     def from_pretrained(cls, path: Path | str) -> "EagleConfig":
         """Parse `path/config.json` (or a config.json path itself)."""
-        p = Path(path)
-        p = p / "config.json" if p.is_dir() else p
-        if not p.exists():
-            raise ConfigError(f"no Eagle3 config.json at {p}")
-        try:
-            raw = json.loads(p.read_text())
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{p} is not valid JSON: {e.msg} (line {e.lineno})") from None
-        return cls.from_dict(raw)
+        return cls.from_dict(read_config_json(path, "Eagle3 config.json"))
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> "EagleConfig":

@@ -52,9 +52,10 @@ class SharedDraftKV:
 
 
 class SeparateDraftKV:
-    def __init__(self, store: DraftKV, device: torch.device) -> None:
+    def __init__(self, store: DraftKV, device: torch.device, reserved: int = 0) -> None:
+        """`reserved`: the store's last pages are no request's (the CUDA graphs' scratch page)."""
         self.store, self.page_size, self.device = store, store.page_size, device
-        self.free: deque[int] = deque(range(store.num_pages))
+        self.free: deque[int] = deque(range(store.num_pages - reserved))
         self.owned: dict[int, list[int]] = {}  # request id -> draft page ids
 
     def reserve(self, seq: Sequence, num_tokens: int) -> None:

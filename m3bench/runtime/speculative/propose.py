@@ -27,11 +27,17 @@ def sample_draft(logits: torch.Tensor, temperatures: Sequence[float], generators
     """One token per row of float32 logits [B, Vd]."""
     temp = torch.tensor([t if t > 0 else 1.0 for t in temperatures], device=logits.device)
     greedy = torch.tensor([t <= 0 for t in temperatures], device=logits.device)
-    top = logits.argmax(dim=-1)
-    probs = torch.softmax(logits.float() / temp[:, None], dim=-1)
-    noise = torch.empty_like(probs)
+    noise = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
     for b, g in enumerate(generators):
         noise[b].exponential_(generator=g if g is not None else fallback)
+    return draw_from_noise(logits, temp, greedy, noise)
+
+
+def draw_from_noise(logits: torch.Tensor, temp: torch.Tensor, greedy: torch.Tensor, noise: torch.Tensor) -> DraftSample:
+    """`sample_draft` with device inputs (graph safe): temperatures [B] (1 for greedy rows), greedy [B]
+    bool, and the Exp(1) noise [B, Vd] already drawn."""
+    top = logits.argmax(dim=-1)
+    probs = torch.softmax(logits.float() / temp[:, None], dim=-1)
     tokens = torch.where(greedy, top, (probs / noise).argmax(dim=-1))
-    one_hot = torch.nn.functional.one_hot(top, logits.shape[-1]).to(probs.dtype)
+    one_hot = torch.zeros_like(probs).scatter_(1, top[:, None], 1.0)
     return DraftSample(token_ids=tokens, probs=torch.where(greedy[:, None], one_hot, probs))

@@ -13,6 +13,10 @@ and token L is known but not cached. A verify row runs tokens [t_L, d_1..d_K] at
 the length, overwritten later: rollback by lengths, never by copies). The draft's position p pairs
 token p + 1 with the target's feature at p: its extend runs tokens [L + 1, L'] at positions [L, L'),
 then chain step i = 1..K-1 feeds d_i at position L' - 1 + i.
+
+With `graphs` set (speculative/graphs.py, LLM(cuda_graphs=True)), pure-decode target steps replay the
+captured verify forward (and its greedy verification), and the chain replays the captured K - 1 steps;
+everything else, and everything on the eager path, runs as above.
 """
 
 from __future__ import annotations
@@ -100,6 +104,7 @@ class SpecRunner:
         self.synth = None if al is None else SyntheticAcceptance(al, spec.seed, model.device)
         self.states: dict[int, DraftState] = {}
         self.records: dict[int, AcceptanceRecord] = {}
+        self.graphs = None  # SpecGraphs (speculative/graphs.py): captured verify and chain steps, or eager
 
     def release(self, seq: Sequence) -> None:
         """The target freed the request's pages (finish, abort, preemption): its draft state goes too."""
@@ -138,6 +143,8 @@ class SpecRunner:
     @torch.inference_mode()
     def run_target(self, step: TargetStep) -> torch.Tensor:
         """Logits [N, V] float32 of step.logits_idx; the capture-layer residuals land in the buffer."""
+        if self.graphs is not None and self.graphs.fits_verify(step):
+            return self.graphs.run_verify(step)
         hidden = self.model(step.input_ids, step.positions, step.meta, self.kv, self.capture)
         return self.model.compute_logits(hidden[step.logits_idx])
 
@@ -151,7 +158,8 @@ class SpecRunner:
         if self.synth is not None:
             return force_acceptance(step.draft_tokens, self._target_picks(target, seqs), self.synth.draw(num_draft))
         if all(s.params.greedy for s in seqs):
-            return verify_greedy(target, step.draft_tokens, num_draft)
+            captured = self.graphs.greedy_result(step) if self.graphs is not None else None
+            return captured if captured is not None else verify_greedy(target, step.draft_tokens, num_draft)
         p = target_distribution(target, [s.params for s in seqs])
         q = torch.stack([self._draft_probs(r, p.shape[-1]) for r in step.verify])
         u = draw_uniforms([self.K] * len(seqs), self.K, [s.generator for s in seqs], self.generator, self.device)
@@ -200,6 +208,12 @@ class SpecRunner:
         seqs = [e.seq for e in h.proposing]
         b = len(seqs)
         tok, q = self._pick(self.draft.compute_logits(hidden), seqs)
+        if self.graphs is not None and self.graphs.fits_chain(b):
+            rest, rest_q = self.graphs.run_chain(tok, feature, tables, ends, [e.end for e in h.proposing],
+                                                 self._chain_sampling(seqs))
+            self._store_drafts(seqs, torch.cat((tok[:, None], rest), dim=1),
+                               None if q is None else torch.cat((q[:, None], rest_q), dim=1))
+            return
         toks, qs = [tok], [q]
         arange = torch.arange(b + 1, dtype=torch.int32, device=self.device)
         for i in range(1, self.K):
@@ -211,10 +225,20 @@ class SpecRunner:
             feature = out.feature
             toks.append(tok)
             qs.append(q)
-        drafts = torch.stack(toks, dim=1).tolist()  # the draft phase's one device -> host sync
-        probs = torch.stack(qs, dim=1) if qs[0] is not None else None
+        self._store_drafts(seqs, torch.stack(toks, dim=1), torch.stack(qs, dim=1) if qs[0] is not None else None)
+
+    def _store_drafts(self, seqs: list[Sequence], toks: torch.Tensor, probs: torch.Tensor | None) -> None:
+        drafts = toks.tolist()  # the draft phase's one device -> host sync
         for i, seq in enumerate(seqs):
             self.states[seq.request_id] = DraftState(drafts[i], None if probs is None else probs[i])
+
+    def _chain_sampling(self, seqs: list[Sequence]):
+        """None for an all-greedy chain; else the temperatures and generators the chain graph draws with."""
+        if all(s.params.greedy for s in seqs):
+            return None
+        from m3bench.runtime.speculative.graphs import ChainSampling
+
+        return ChainSampling([s.params.temperature for s in seqs], [s.generator for s in seqs], self.generator)
 
     def _pick(self, logits: torch.Tensor, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Next draft token per row (target ids) and, for sampled batches, the distribution it came from."""

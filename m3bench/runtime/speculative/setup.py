@@ -37,8 +37,10 @@ def caching_allowed(spec: SpecConfig) -> bool:
     return spec.draft_kv is DraftKVLayout.SHARED
 
 
-def load_draft(source: Any, model: Any) -> Eagle3Draft:
-    """An Eagle3Draft for `model` from a checkpoint dir (or the instance itself), bound to its embeddings."""
+def load_draft(source: Any, model: Any, dummy_seed: int | None = None) -> Eagle3Draft:
+    """An Eagle3Draft for `model` from a checkpoint dir (or the instance itself), bound to its embeddings.
+
+    `dummy_seed` set (load_format="dummy"): only DIR/config.json is read; the weights are random."""
     if isinstance(source, Eagle3Draft):
         draft = source
     else:
@@ -48,9 +50,17 @@ def load_draft(source: Any, model: Any) -> Eagle3Draft:
         cfg = EagleConfig.from_pretrained(path)
         cfg.check_target(model.cfg)
         draft = Eagle3Draft(cfg, model.dtype, model.device, model.tp, model.backend)
-        draft.load_weights(path)
+        draft.load_weights(path if dummy_seed is None else dummy_draft_tensors(cfg, dummy_seed))
     draft.bind_target(model.embed_tokens, model.lm_head_weight())
     return draft
+
+
+def dummy_draft_tensors(cfg: EagleConfig, seed: int) -> dict[str, torch.Tensor]:
+    """Random full-size tensors for `cfg` (every rank draws the same, then keeps its shard); a draft with
+    its own vocabulary gets a random lm_head and d2t map, one sharing the target's uses the target's head."""
+    from m3bench.runtime.speculative.tiny_draft import random_draft_tensors
+
+    return random_draft_tensors(cfg, seed, torch.float32, with_lm_head=cfg.has_vocab_map)
 
 
 def draft_store(draft: Eagle3Draft, num_pages: int, page_size: int, kv_dtype: KVDtype, dtype: torch.dtype,
@@ -66,26 +76,45 @@ def draft_bytes_per_target_page(draft_cfg: EagleConfig, tokens_per_block: int, k
     return DraftKV(1, tokens_per_block, draft_cfg.num_kv_heads, draft_cfg.head_dim, kv_dtype, dtype, "meta").nbytes
 
 
-def make_layout(spec: SpecConfig, draft: Eagle3Draft, kv: Any, bm: Any, max_batch_size: int):
-    """The draft-KV layout: pages the target's (SHARED), or a pool of the same token capacity (SEPARATE)."""
+def make_layout(spec: SpecConfig, draft: Eagle3Draft, kv: Any, bm: Any, max_batch_size: int, graphs: bool = False):
+    """The draft-KV layout: pages the target's (SHARED), or a pool of the same token capacity (SEPARATE);
+    with `graphs`, the pool's last page is a scratch page for padding rows (SHARED: the target's)."""
     page = spec.resolved_page_size(bm.P)
     if spec.draft_kv is DraftKVLayout.SHARED:
         return SharedDraftKV(draft_store(draft, kv.num_pages, page, kv.kv_dtype, kv.dtype, bm.table.device), bm)
-    pages = -(-bm.num_blocks * bm.P // page) + max_batch_size  # + per-request rounding
-    return SeparateDraftKV(draft_store(draft, pages, page, kv.kv_dtype, kv.dtype, bm.table.device), bm.table.device)
+    pages = -(-bm.num_blocks * bm.P // page) + max_batch_size + int(graphs)  # + per-request rounding
+    return SeparateDraftKV(draft_store(draft, pages, page, kv.kv_dtype, kv.dtype, bm.table.device), bm.table.device,
+                           reserved=int(graphs))
 
 
 def build_spec_engine(model, kv, bm, scheduler, sampler, tokenizer, eos_ids, max_model_len: int, spec: SpecConfig,
-                      draft: Eagle3Draft, max_batch_size: int, max_num_tokens: int):
+                      draft: Eagle3Draft, max_batch_size: int, max_num_tokens: int, graphs: bool = False):
+    """`graphs`: capture the verify and chain steps (speculative/graphs.py); the target's scratch page is
+    page bm.num_blocks of kv (the caller allocated it)."""
     from m3bench.runtime.engine import ModelRunner
     from m3bench.runtime.speculative.runner import SpecRunner
     from m3bench.runtime.speculative.spec_engine import SpecEngine
 
     layers = spec.resolved_capture_layers(model.cfg.num_layers, draft.cfg)
-    layout = make_layout(spec, draft, kv, bm, max_batch_size)
+    layout = make_layout(spec, draft, kv, bm, max_batch_size, graphs)
     scheduler.lookahead_tokens, scheduler.draft_tokens = lookahead_tokens(spec), spec.draft_len
     capacity = max_num_tokens + max_batch_size * (spec.draft_len + 1)
     runner = SpecRunner(model, kv, bm, draft, layout, spec, layers, capacity, sampler.generator)
     bm.on_free.append(runner.release)
+    if graphs:
+        runner.graphs = capture_spec_graphs(runner, bm.num_blocks, max_batch_size)
     return SpecEngine(ModelRunner(model, kv, bm, model.device), scheduler, sampler, tokenizer, eos_ids,
                       max_model_len, runner)
+
+
+def capture_spec_graphs(runner: Any, scratch_page: int, max_batch_size: int):
+    """SpecGraphs of the runner, captured; the draft's attention backend must be graph safe too."""
+    from m3bench.runtime.speculative.graphs import SpecGraphs
+
+    on_cuda = runner.device.type == "cuda"  # (on a CPU nothing is captured: graphs.py runs the functions)
+    if on_cuda and not getattr(runner.draft.layer.self_attn.backend, "graph_safe", False):
+        raise ConfigError("cuda_graphs needs the draft on a graph-safe attention backend (the target's Triton "
+                          "backend: build the Eagle3Draft with backend=model.backend)")
+    graphs = SpecGraphs(runner, scratch_page, runner.layout.store.num_pages - 1, max_batch_size)
+    graphs.capture()
+    return graphs

@@ -5,10 +5,10 @@ step's draft proposals and the acceptance counts equal TP 1's."""
 from __future__ import annotations
 
 import pytest
+from tp_helpers import P, random_prompts, tiny_checkpoint
 
 from m3bench.runtime import LLM, SamplingParams
 from m3bench.runtime.speculative.tiny_draft import write_tiny_draft
-from tp_helpers import P, random_prompts, tiny_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,8 @@ def test_eagle3_at_tp2_matches_tp1(dirs, layout):
     target, draft = dirs
     prompts = random_prompts([40, 12], seed=9)  # 40 > 2 MSA blocks of 16: selection active
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
-    kw = dict(kv_cache_dtype="auto", tokens_per_block=P, speculative_model=draft, draft_len=3, draft_kv=layout)
+    kw = {"kv_cache_dtype": "auto", "tokens_per_block": P, "speculative_model": draft, "draft_len": 3,
+          "draft_kv": layout}
     plain = LLM(target, kv_cache_dtype="auto", tokens_per_block=P).generate(prompts, params)
     one, two = LLM(target, **kw), LLM(target, tensor_parallel_size=2, **kw)
     try:

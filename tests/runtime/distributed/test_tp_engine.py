@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tp_helpers import TP_SPEC, P, random_prompts, tiny_checkpoint
 
 from m3bench.runtime import LLM, SamplingParams
-from tp_helpers import P, TP_SPEC, random_prompts, tiny_checkpoint
 
 ATOL = 2e-4  # fp32 logprobs: the all-reduced sums round differently from one rank's
 

@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
+from tp_helpers import P, tiny_checkpoint
 
 from m3bench.runtime import LLM, SamplingParams
-from tp_helpers import P, tiny_checkpoint
 
 DRIVER = """
 import sys
@@ -93,3 +93,19 @@ def test_killed_rank0_takes_its_workers_along(ckpt):
     proc.kill()  # no chance to clean up: the workers notice their parent is gone
     proc.communicate(timeout=30)
     assert _gone_within(workers, 5.0)
+
+
+def test_a_failed_start_leaves_no_worker(ckpt):
+    """Rank 0 fails after the workers started (a bad kv_cache_dtype): they are stopped with it."""
+    import gc
+    import multiprocessing
+
+    from m3bench.runtime.errors import InputError
+
+    with pytest.raises(InputError, match="kv_cache_dtype"):
+        LLM(ckpt, kv_cache_dtype="int3", tokens_per_block=P, tensor_parallel_size=2)
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while multiprocessing.active_children() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not multiprocessing.active_children()

@@ -1,6 +1,7 @@
 """Sharding at TP 2 (two gloo ranks, float64): each rank reads exactly its shards from the checkpoint
-(heads, intermediate and vocabulary halves, its own two experts whole), and with one KV head the
-head (and its index head) is duplicated on both ranks and the logits still equal one rank's."""
+(heads, intermediate and vocabulary halves, its own two experts whole), with one KV head the head
+(and its index head) is duplicated on both ranks and the logits still equal one rank's, and dummy
+weights are consistent across ranks."""
 
 from __future__ import annotations
 
@@ -9,13 +10,20 @@ import re
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from tp_helpers import (
+    ONE_KV_HEAD,
+    TP_SPEC,
+    free_port,
+    init_gloo,
+    random_prompts,
+    tiny_checkpoint,
+)
 
 from m3bench.runtime.checkpoint import DTYPES, CheckpointReader, expected_tensors
 from m3bench.runtime.config import ModelConfig
 from m3bench.runtime.contiguous import prefill_logits
-from m3bench.runtime.model import M3ForCausalLM
+from m3bench.runtime.model import M3ForCausalLM, dummy_tensor
 from m3bench.runtime.parallel import TPGroup
-from tp_helpers import ONE_KV_HEAD, TP_SPEC, free_port, init_gloo, random_prompts, tiny_checkpoint
 
 WORLD = 2
 HALVED = re.compile(r"(embed_tokens|lm_head|attn\.(q|o|index_q)_proj|(mlp|moe\.shared)\.(gate|up|down)_proj)\.weight$")
@@ -31,6 +39,12 @@ def _load(ckpt: str, tp: TPGroup) -> tuple[M3ForCausalLM, int]:
     return model, reader.bytes_read
 
 
+def _dummy(ckpt: str, tp: TPGroup) -> M3ForCausalLM:
+    model = M3ForCausalLM(ModelConfig.from_pretrained(ckpt), torch.float64, "cpu", tp)
+    model.init_dummy(seed=4)
+    return model
+
+
 def _worker(rank: int, port: int, ckpts: list[str], ids: list[int], out: str) -> None:
     init_gloo(rank, WORLD, port)
     try:
@@ -39,6 +53,7 @@ def _worker(rank: int, port: int, ckpts: list[str], ids: list[int], out: str) ->
         for ckpt in ckpts:
             model, nbytes = _load(ckpt, tp)
             result[ckpt] = (nbytes, prefill_logits(model, ids, [50, 30]))
+        result["dummy"] = prefill_logits(_dummy(ckpts[0], tp), ids)
         torch.save(result, f"{out}.{rank}")
     finally:
         dist.destroy_process_group()
@@ -75,6 +90,12 @@ def test_each_rank_reads_its_shards_and_one_kv_head_is_duplicated(tmp_path):
             nbytes, logits = ranks[r][ckpt]
             assert nbytes == expected_bytes(ckpt, r) < full_bytes
             assert torch.allclose(logits, prefill_logits(one, ids, [50, 30]), atol=1e-10, rtol=0)
+    # dummy weights: each rank draws every full tensor from its own per-name seed and keeps its shard,
+    # so TP 2 is the TP-1 model whose canonical tensors are those draws
+    one = M3ForCausalLM(ModelConfig.from_pretrained(ckpts[0]), torch.float64)
+    one.load_canonical({s.name: dummy_tensor(s.name, tuple(s.target.shape), s.target.dtype, one.cfg, 4)
+                        for s in one.weight_slots()})
+    assert torch.allclose(ranks[0]["dummy"], prefill_logits(one, ids), atol=1e-10, rtol=0)
 
 
 def test_expected_bytes_of_the_two_ranks_cover_the_checkpoint_once(tmp_path):
