@@ -120,7 +120,7 @@ def counts(concurrency: int) -> tuple[int, int]:
 
 
 def engine_options(st: Settings, target: Path, draft: Path | None):
-    from m3bench.bench.server import EngineOptions
+    from m3bench.bench.engine_options import EngineOptions
 
     spec = {} if draft is None else dict(draft_dir=str(draft), draft_len=st.draft_len,
                                          synthetic_acceptance=st.synthetic_al)

@@ -32,71 +32,6 @@ DISCONNECT_POLL_S = 0.25
 
 
 @dataclass(frozen=True)
-class EngineOptions:
-    """How to build the bundled engine (shared by `m3bench serve` and the in-process sweep)."""
-
-    model_dir: str
-    load_format: str = "auto"
-    device: str = "cpu"
-    dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
-    kv_cache_dtype: str = "auto"
-    max_batch_size: int = 64
-    max_num_tokens: int = 2048
-    num_kv_blocks: int | None = None
-    gpu_memory_utilization: float = 0.9
-    seed: int = 0
-    synthetic_acceptance: float | None = None  # forced acceptance length (needs draft_dir)
-    tensor_parallel_size: int = 1
-    draft_dir: str | None = None  # Eagle3 draft: speculative decoding (load_format dummy: its config.json only)
-    draft_len: int = 3
-    draft_kv: str = "separate"  # separate | shared
-    cuda_graphs: bool = False
-
-    def __post_init__(self) -> None:
-        if self.load_format not in ("auto", "dummy"):
-            raise InputError(f"--load-format must be auto or dummy, not {self.load_format!r}")
-        if self.synthetic_acceptance is not None and self.draft_dir is None:
-            raise InputError("--synthetic-acceptance forces the acceptance of draft tokens: it needs --draft DIR")
-        if self.draft_kv not in ("separate", "shared"):
-            raise InputError(f"--draft-kv must be separate or shared, not {self.draft_kv!r}")
-        if self.draft_len < 1:
-            raise InputError(f"--draft-len must be >= 1, got {self.draft_len}")
-
-    def resolved_dtype(self) -> str:
-        if self.dtype != "auto":
-            return self.dtype
-        return "bfloat16" if self.device.startswith("cuda") else "float32"
-
-    def build(self) -> Any:
-        """The LLM these options describe."""
-        from m3bench.runtime import LLM
-
-        return LLM(self.model_dir, device=self.device, dtype=self.resolved_dtype(), kv_cache_dtype=self.kv_cache_dtype,
-                   load_format=self.load_format, max_batch_size=self.max_batch_size,
-                   max_num_tokens=self.max_num_tokens, num_kv_blocks=self.num_kv_blocks,
-                   gpu_memory_utilization=self.gpu_memory_utilization, seed=self.seed,
-                   tensor_parallel_size=self.tensor_parallel_size, cuda_graphs=self.cuda_graphs,
-                   speculative_model=self.draft_dir, draft_len=self.draft_len, draft_kv=self.draft_kv,
-                   synthetic_acceptance_length=self.synthetic_acceptance)
-
-    def cli_args(self) -> list[str]:
-        """The same options as `m3bench serve` flags."""
-        args = ["--model", self.model_dir, "--load-format", self.load_format, "--device", self.device,
-                "--dtype", self.dtype, "--kv-cache-dtype", self.kv_cache_dtype,
-                "--max-batch-size", str(self.max_batch_size), "--max-num-tokens", str(self.max_num_tokens),
-                "--gpu-memory-utilization", str(self.gpu_memory_utilization), "--seed", str(self.seed)]
-        if self.num_kv_blocks is not None:
-            args += ["--num-kv-blocks", str(self.num_kv_blocks)]
-        if self.draft_dir is not None:
-            args += ["--draft", self.draft_dir, "--draft-len", str(self.draft_len), "--draft-kv", self.draft_kv]
-        if self.synthetic_acceptance is not None:
-            args += ["--synthetic-acceptance", str(self.synthetic_acceptance)]
-        if self.cuda_graphs:
-            args += ["--cuda-graphs"]
-        return args
-
-
-@dataclass(frozen=True)
 class ServerConfig:
     model_name: str
     max_model_len: int
@@ -303,8 +238,8 @@ class _State:
         prompts = self._prompt_ids(req.prompt)
         if req.stream and len(prompts) != 1:
             raise ApiError(400, "stream supports a single prompt")
-        if req.echo and req.logprobs is not None:
-            raise ApiError(400, "echo with logprobs (prompt logprobs) is not supported")
+        if req.stream and req.echo and req.logprobs is not None:
+            raise ApiError(400, "echo with logprobs (prompt logprobs) is not supported with stream")
         job = _Job(self, req, prompts, chat=False)
         job.echo_texts = [p if isinstance(p, str) else self.tokenizer.decode(ids)
                           for p, ids in zip(_prompt_items(req.prompt), prompts)]
@@ -346,7 +281,7 @@ class _State:
                 max_tokens=limit - prompt_len if asked is None else asked, temperature=req.temperature,
                 top_k=req.top_k, top_p=req.top_p, seed=req.seed, stop=_stops(req.stop),
                 stop_token_ids=tuple(req.stop_token_ids or ()), ignore_eos=req.ignore_eos,
-                logprobs=_logprobs_asked(req), min_tokens=req.min_tokens)
+                logprobs=_logprobs_asked(req), min_tokens=req.min_tokens, prompt_logprobs=_prompt_logprobs_asked(req))
         except InputError as e:
             raise ApiError(400, str(e)) from e
 
@@ -366,6 +301,11 @@ def _plain_message(m: ChatMessage) -> dict:
 
 def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
     return () if stop is None else (stop,) if isinstance(stop, str) else tuple(stop)
+
+
+def _prompt_logprobs_asked(req: Any) -> int | None:
+    """Completions with echo and logprobs score the echoed prompt too (vLLM's prompt_logprobs)."""
+    return req.logprobs if isinstance(req, CompletionRequest) and req.echo else None
 
 
 def _logprobs_asked(req: Any) -> int | None:
@@ -396,14 +336,17 @@ class _Job:
     async def _collect(self, index: int) -> dict:
         """Run one prompt to the end; its choice plus token counts."""
         ids: list[int] = []
-        text, lps, tops, reason = [], [], [], None
+        text, lps, tops, reason, p_lps, p_tops = [], [], [], None, [], []
         async for d in self.state.engine.generate(self.prompts[index], self.params[index]):
             ids += d.token_ids
             text.append(d.text)
             lps += d.logprobs
             tops += d.top_logprobs
+            p_lps += d.prompt_logprobs
+            p_tops += d.prompt_top_logprobs
             reason = d.finish_reason if d.finished else reason
-        return {"ids": ids, "text": "".join(text), "lps": lps, "tops": tops, "reason": reason}
+        return {"ids": ids, "text": "".join(text), "lps": lps, "tops": tops, "reason": reason,
+                "prompt_lps": p_lps, "prompt_tops": p_tops}
 
     async def full(self) -> dict:
         try:
@@ -424,7 +367,9 @@ class _Job:
         else:
             prefix = self.echo_texts[index] if self.req.echo else ""
             choice = {"index": index, "text": prefix + r["text"], "finish_reason": r["reason"],
-                      "logprobs": self._completion_logprobs(r["ids"], r["lps"], r["tops"])}
+                      "logprobs": self._completion_logprobs(r["ids"], r["lps"], r["tops"], len(prefix))}
+            if self.req.echo and choice["logprobs"] is not None:
+                choice["logprobs"] = _join_blocks(self._echo_logprobs(index, r), choice["logprobs"])
         if self.req.return_token_ids:
             choice["token_ids"] = r["ids"]
         return choice
@@ -446,6 +391,30 @@ class _Job:
         offsets = [offset + sum(len(p) for p in pieces[:i]) for i in range(len(pieces))]
         top = [{self._piece(t): lp for t, lp in row} for row in tops] if self.req.logprobs else [None] * len(ids)
         return {"tokens": pieces, "token_logprobs": list(lps), "top_logprobs": top, "text_offset": offsets}
+
+    def _echo_logprobs(self, index: int, r: dict) -> dict:
+        """The echoed prompt's block: the first token's logprob is null; alternatives hold the token itself."""
+        ids = self.prompts[index]
+        if len(r["prompt_lps"]) != len(ids) - 1:
+            raise ApiError(500, f"engine returned {len(r['prompt_lps'])} prompt logprobs for {len(ids)} tokens",
+                           "InternalServerError")
+        top: list[dict | None] = [None]
+        for t, lp, row in zip(ids[1:], r["prompt_lps"], r["prompt_tops"]):
+            alts = {self._piece(a): alp for a, alp in row}
+            alts.setdefault(self._piece(t), lp)
+            top.append(alts)
+        return {"tokens": [self._piece(t) for t in ids], "token_logprobs": [None, *r["prompt_lps"]],
+                "top_logprobs": top, "text_offset": self._prompt_offsets(ids)}
+
+    def _prompt_offsets(self, ids: list[int]) -> list[int]:
+        """Where each prompt token's text starts in the prompt as decoded (special tokens add no text)."""
+        from m3bench.runtime.sequence import Detokenizer
+
+        detok, offsets, at = Detokenizer(self.state.tokenizer, []), [], 0
+        for t in ids:
+            offsets.append(at)
+            at += len(detok.add(t))
+        return offsets
 
     def _chat_logprobs(self, ids: list[int], lps: list[float], tops: list) -> dict | None:
         if not self.req.logprobs:
@@ -498,6 +467,10 @@ class _Job:
         if self.req.return_token_ids:
             choice["token_ids"] = ids
         return choice
+
+
+def _join_blocks(first: dict, second: dict) -> dict:
+    return {k: list(first[k]) + list(second[k]) for k in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
 
 
 def _sse(obj: dict) -> str:

@@ -34,7 +34,7 @@ import numpy as np
 from m3bench.bench.client import EngineTarget, LoadResult, OpenAITarget, measure_client_overhead, run_load
 from m3bench.bench.metrics import EmptySampleError, compute_metrics
 from m3bench.bench.records import Slo, SpecCounters, write_records
-from m3bench.bench.server import EngineOptions
+from m3bench.bench.engine_options import EngineOptions
 from m3bench.bench.workload import (DatasetKind, LengthRange, WorkloadPrompt, dataset_prompts, random_prompts)
 from m3bench.runtime.errors import InputError
 

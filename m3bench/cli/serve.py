@@ -52,7 +52,8 @@ def serve(
     log_level: str = typer.Option("warning", "--log-level"),
 ) -> None:
     """Serve a checkpoint over an OpenAI-compatible API (completions, chat, models, health, metrics)."""
-    from m3bench.bench.server import EngineOptions, ServerConfig, create_app, uvicorn_server
+    from m3bench.bench.engine_options import EngineOptions
+    from m3bench.bench.server import ServerConfig, create_app, uvicorn_server
     from m3bench.runtime.async_llm import AsyncLLM
 
     opts = EngineOptions(str(model), load_format, device, dtype, kv_cache_dtype, max_batch_size, max_num_tokens,

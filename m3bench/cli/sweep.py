@@ -123,7 +123,7 @@ def sweep(
     Gate: exit 1 when tok/s/GPU or x90 at a common point falls by > --max-regression % and > the repeat spread.
     """
     from m3bench.bench.records import Slo
-    from m3bench.bench.server import EngineOptions
+    from m3bench.bench.engine_options import EngineOptions
     from m3bench.bench.sweep import SweepConfig, TargetKind, run_sweep
     from m3bench.bench.workload import LengthRange, RangeKind
 

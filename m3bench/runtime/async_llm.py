@@ -60,6 +60,8 @@ class StreamDelta:
     finish_reason: str | None
     logprobs: tuple[float, ...] = ()  # one per new token, when the request asked for logprobs
     top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()  # per new token: (id, logprob) best first
+    prompt_logprobs: tuple[float, ...] = ()  # with SamplingParams.prompt_logprobs: prompt tokens 1.. (one delta)
+    prompt_top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()
 
 
 @dataclass
@@ -233,7 +235,8 @@ def _enrich(delta: Any, seq: Any) -> StreamDelta:
     lps = tuple(seq.logprobs[len(seq.output_ids) - n: len(seq.output_ids)]) if want else ()
     tops = tuple(tuple(t) for t in seq.top_logprobs[len(seq.output_ids) - n: len(seq.output_ids)]) if want else ()
     return StreamDelta(delta.request_id, tuple(delta.token_ids), delta.text,
-                       tuple(delta.token_times_s), delta.finished, delta.finish_reason, lps, tops)
+                       tuple(delta.token_times_s), delta.finished, delta.finish_reason, lps, tops,
+                       tuple(getattr(delta, "prompt_logprobs", ())), tuple(getattr(delta, "prompt_top_logprobs", ())))
 
 
 def engine_stats(llm: Any, counts: dict[str, int]) -> EngineStats:

@@ -41,6 +41,8 @@ class RequestDelta:
     finish_reason: str | None  # "stop" / "length" / "abort" once finished
     logprobs: tuple[float, ...] = ()  # per new token, when the request asked for logprobs
     top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()  # per new token: (id, logprob), best first
+    prompt_logprobs: tuple[float, ...] = ()  # with SamplingParams.prompt_logprobs: prompt tokens 1.. (once)
+    prompt_top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()  # their top n (id, logprob)
 
 
 @dataclass(frozen=True)
@@ -87,12 +89,12 @@ class ModelRunner:
             pos += range(start, end)
             rows += [seq.row] * n
             seq_lens.append(end)
-            if seq.is_score:
-                lo, hi = max(start, seq.score_from - 1), min(end, seq.num_tokens - 1)
+            lo, hi = max(start, seq.logprob_from - 1), min(end, len(seq.prompt_ids) - 1)
+            if seq.is_score or (seq.logprob_from >= 0 and hi > lo):  # scored prompt rows (prompt logprobs too)
                 score_idx += range(base + lo - start, base + hi - start)
                 targets += seq.token_slice(lo + 1, hi + 1)
                 counts.append((seq, max(hi - lo, 0)))
-            elif end == seq.num_tokens:
+            if not seq.is_score and end == seq.num_tokens:
                 sample_idx.append(base + n - 1)
                 sample_seqs.append(seq)
                 sample_rows.append(seq.row)
@@ -289,10 +291,13 @@ class Engine:
         lp = torch.log_softmax(logits.float(), dim=-1)
         chosen = lp.gather(-1, inputs.score_targets[:, None])[:, 0].tolist()
         greedy = (lp.argmax(-1) == inputs.score_targets).tolist()
+        tops = _score_tops(lp, max(s.params.prompt_logprobs or 0 for s, _ in inputs.score_counts))
         at = 0
         for seq, n in inputs.score_counts:
             seq.score_logprobs += chosen[at:at + n]
             seq.score_greedy += greedy[at:at + n]
+            if seq.params.prompt_logprobs is not None:
+                seq.score_top += [row[:seq.params.prompt_logprobs] for row in tops[at:at + n]]
             at += n
 
     def _postprocess(self, batch: ScheduledBatch, sample_seqs: list[Sequence],
@@ -363,7 +368,20 @@ def _new_text(seq: Sequence) -> str:
 
 def _delta(seq: Sequence, tokens: tuple[int, ...], text: str, times: tuple[float, ...]) -> RequestDelta:
     reason = seq.finish_reason.value if seq.finished and seq.finish_reason else None
-    return RequestDelta(seq.request_id, tokens, text, times, seq.finished, reason)
+    delta = RequestDelta(seq.request_id, tokens, text, times, seq.finished, reason)
+    if seq.params.prompt_logprobs is None or seq.prompt_logprobs_sent or not seq.prompt_logprobs_done:
+        return delta
+    seq.prompt_logprobs_sent = True  # once, on the first delta after the prefill
+    return dataclasses.replace(delta, prompt_logprobs=tuple(seq.score_logprobs),
+                               prompt_top_logprobs=tuple(tuple(t) for t in seq.score_top))
+
+
+def _score_tops(lp: torch.Tensor, k: int) -> list[list[tuple[int, float]]]:
+    """(id, logprob) of the k best tokens of each row, best first ([] per row when k is 0)."""
+    if k == 0:
+        return [[] for _ in range(lp.shape[0])]
+    vals, ids = lp.topk(min(k, lp.shape[-1]), dim=-1)
+    return [list(zip(i, v)) for i, v in zip(ids.tolist(), vals.tolist())]
 
 
 def _tops(sampled: SamplerOutput) -> list[list[tuple[int, float]]] | None:

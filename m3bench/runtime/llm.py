@@ -55,6 +55,8 @@ class RequestOutput:
     timings: Timings
     num_cached_tokens: int  # prompt tokens served by the prefix cache at the last admission
     spec: Any = None  # SpecStats of the request under speculation (spec.synthetic: tokens are not the model's)
+    prompt_logprobs: list[float] | None = None  # with SamplingParams.prompt_logprobs: of prompt tokens 1..n-1
+    prompt_top_logprobs: list[list[tuple[int, float]]] | None = None  # their top n (id, logprob), best first
 
 
 @dataclass(frozen=True)
@@ -191,7 +193,10 @@ class LLM:
             raise InputError(f"prompt of {len(ids)} tokens leaves no room in max_model_len {self.max_model_len}")
         if params.stop and self.tokenizer is None:
             raise InputError("stop strings need a tokenizer (this model directory has none)")
-        return Sequence(request_id=next(self._ids), prompt_ids=ids, params=params)
+        if params.prompt_logprobs is not None and self.spec is not None:
+            raise InputError("prompt_logprobs is not supported with speculative decoding")
+        prefill_only = params.prompt_logprobs is not None and params.max_tokens == 0  # scored like LLM.score
+        return Sequence(request_id=next(self._ids), prompt_ids=ids, params=params, score_from=1 if prefill_only else -1)
 
     def _submit(self, seq: Sequence, track: bool = True) -> int:
         self.engine.add(seq)
@@ -340,10 +345,12 @@ class LLM:
 
     @staticmethod
     def _output(seq: Sequence) -> RequestOutput:
-        want = seq.params.logprobs is not None
+        want, want_prompt = seq.params.logprobs is not None, seq.params.prompt_logprobs is not None
         return RequestOutput(seq.request_id, seq.prompt_ids, list(seq.output_ids), seq.text,
                              list(seq.logprobs) if want else None, list(seq.top_logprobs) if want else None,
-                             seq.finish_reason.value, seq.timings, seq.num_cached)
+                             seq.finish_reason.value, seq.timings, seq.num_cached,
+                             prompt_logprobs=list(seq.score_logprobs) if want_prompt else None,
+                             prompt_top_logprobs=[list(t) for t in seq.score_top] if want_prompt else None)
 
 
 def _as_prompt_list(prompts: Any) -> list:
@@ -384,9 +391,11 @@ def _pick_backend(model: Any, name: str, tokens_per_block: int, prebuilt: bool) 
 
 
 def _async_choice(requested: bool | None, device: torch.device, spec: Any, tp: Any) -> bool:
-    """Overlap scheduling: default on for CUDA; not with speculation or tensor parallelism (yet)."""
+    """Overlap scheduling: off unless asked for (its outputs equal the synchronous engine's, but on the H200
+    on 2026-12-01 step() did not yet return while the next step ran: some host-to-device copy still waits
+    for the device queue); not with speculation or tensor parallelism (yet)."""
     if requested is None:
-        return device.type == "cuda" and spec is None and tp is None
+        return False
     if requested and spec is not None:
         raise InputError("async_scheduling is not supported with speculative decoding: pass async_scheduling=False")
     if requested and tp is not None:

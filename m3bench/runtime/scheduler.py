@@ -115,7 +115,7 @@ class Scheduler:
         """Free the pages of `seq` and queue it first; it is recomputed on re-admission."""
         self.running.remove(seq)
         self.bm.free(seq)
-        seq.score_logprobs, seq.score_greedy = [], []  # a scoring request recomputes every scored position
+        seq.score_logprobs, seq.score_greedy, seq.score_top = [], [], []  # scored positions are all recomputed
         seq.status = SeqStatus.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
@@ -137,6 +137,6 @@ class Scheduler:
 
 def _reusable(seq: Sequence) -> int:
     """Tokens a prefix-cache hit may cover: at least one token must run to give the next logits
-    (for scoring, every position from score_from - 1 on must run)."""
+    (for scoring and prompt logprobs, every position from logprob_from - 1 on must run: no reuse below it)."""
     limit = seq.num_tokens - 1
-    return min(limit, seq.score_from - 1) if seq.is_score else limit
+    return min(limit, seq.logprob_from - 1) if seq.logprob_from >= 0 else limit

@@ -29,6 +29,7 @@ class SamplingParams:
     logprobs: int | None = None  # None: no logprobs; 0: the chosen token's; n: plus the top n
     min_tokens: int = 0
     detokenize: bool = True  # False: token ids only, text stays "" (benchmarks; ids the tokenizer lacks are fine)
+    prompt_logprobs: int | None = None  # None: none; n: each prompt token's (after the first) logprob plus the top n
 
     def __post_init__(self) -> None:
         for name in ("stop", "stop_token_ids"):  # accept lists and a lone string
@@ -47,8 +48,9 @@ class SamplingParams:
             raise InputError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.stop and not self.detokenize:
             raise InputError("stop strings need detokenize=True")
-        if self.logprobs is not None and self.logprobs < 0:
-            raise InputError(f"logprobs must be >= 0, got {self.logprobs}")
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None and getattr(self, name) < 0:
+                raise InputError(f"{name} must be >= 0, got {getattr(self, name)}")
 
     @property
     def greedy(self) -> bool:
@@ -101,6 +103,8 @@ class Sequence:
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     score_logprobs: list[float] = field(default_factory=list)
     score_greedy: list[bool] = field(default_factory=list)
+    score_top: list[list[tuple[int, float]]] = field(default_factory=list)  # with prompt_logprobs n > 0: top n
+    prompt_logprobs_sent: bool = False  # a delta has carried them
     text: str = ""
     num_emitted_chars: int = 0  # of `text`, already streamed
     generator: Any = None  # torch.Generator of a seeded request (created by the sampler)
@@ -125,6 +129,17 @@ class Sequence:
     @property
     def is_score(self) -> bool:
         return self.score_from >= 0
+
+    @property
+    def logprob_from(self) -> int:
+        """First prompt position whose logprob is computed on the prefill (-1: none)."""
+        if self.is_score:
+            return self.score_from
+        return 1 if self.params.prompt_logprobs is not None else -1
+
+    @property
+    def prompt_logprobs_done(self) -> bool:
+        return len(self.score_logprobs) >= len(self.prompt_ids) - self.logprob_from
 
     @property
     def finished(self) -> bool:

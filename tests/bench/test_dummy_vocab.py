@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from m3bench.bench.server import EngineOptions
+from m3bench.bench.engine_options import EngineOptions
 from m3bench.bench.sweep import SweepConfig, run_sweep
 from m3bench.runtime import LLM, SamplingParams
 from m3bench.runtime.errors import InputError

@@ -16,7 +16,8 @@ KEY = "test-key"
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from m3bench.bench.server import EngineOptions, ServerConfig, create_app, uvicorn_server
+    from m3bench.bench.engine_options import EngineOptions
+    from m3bench.bench.server import ServerConfig, create_app, uvicorn_server
     from m3bench.runtime.async_llm import AsyncLLM
     from m3bench.runtime.tiny import write_tiny_checkpoint
 
@@ -244,7 +245,7 @@ def test_batch_prompts_and_content_parts(served):
 
 def test_m3bench_serve_process_with_openai_client(tmp_path):
     """The real command: `python -m m3bench serve` on loopback with an API key, driven by the openai client."""
-    from m3bench.bench.server import EngineOptions
+    from m3bench.bench.engine_options import EngineOptions
     from m3bench.bench.sweep import free_port, start_server, stop_server, wait_healthy
     from m3bench.runtime.tiny import write_tiny_checkpoint
 

@@ -6,7 +6,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from m3bench.bench.server import EngineOptions
+from m3bench.bench.engine_options import EngineOptions
 from m3bench.bench.sweep import free_port, parse_spec_counters, scrape_metrics, start_server, stop_server, wait_healthy
 from m3bench.cli.main import app
 from m3bench.runtime.errors import InputError

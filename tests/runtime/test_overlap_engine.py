@@ -166,6 +166,8 @@ def test_cuda_overlap_equals_sync(graphs):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.xfail(strict=True, reason="measured on the H200 2026-12-01: step() still waits for the device "
+                   "queue (a blocking host-to-device copy in the decode path); async_scheduling is off by default")
 def test_cuda_step_returns_while_the_next_step_runs():
     """With a 10 ms device delay in each model call, the overlap engine's step() returns while its
     launched step is still queued (it never waits for the device's queue); the synchronous one does not."""

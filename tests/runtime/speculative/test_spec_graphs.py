@@ -94,6 +94,8 @@ def test_seeded_sampling_static_equals_eager(model, cpu_graphs, layout, batch):
     params = [SamplingParams(max_tokens=N_NEW, temperature=0.9, seed=i, ignore_eos=True) for i in range(batch)]
     if batch > 1:
         params[1] = SamplingParams(max_tokens=N_NEW, ignore_eos=True)  # a greedy row inside a sampled chain
+        params[3] = SamplingParams(max_tokens=N_NEW, temperature=0.7, ignore_eos=True)  # unseeded: the
+        params[4] = SamplingParams(max_tokens=N_NEW, temperature=1.1, ignore_eos=True)  # shared generator
     eager, _ = _run(model, prompts, random_draft(model), layout, 3, False, params)
     static, s_llm = _run(model, prompts, random_draft(model), layout, 3, True, params)
     assert static == eager

@@ -89,6 +89,8 @@ def _params(batch: int, sampled: bool):
     out = [SamplingParams(max_tokens=lengths[i], temperature=0.9, seed=i, ignore_eos=True) for i in range(batch)]
     if batch > 1:
         out[1] = dataclasses.replace(out[1], temperature=0.0)  # a greedy row inside a sampled chain
+        out[3] = dataclasses.replace(out[3], seed=None)  # unseeded rows draw from the shared generator
+        out[4] = dataclasses.replace(out[4], seed=None)
     return out
 
 

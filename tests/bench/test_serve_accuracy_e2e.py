@@ -1,0 +1,88 @@
+"""End to end: `m3bench accuracy --backend openai` against `m3bench serve` (tiny checkpoint, CPU, fp32) gives
+the same per-item MMLU predictions (scored by echo + logprobs) and GSM8K answers as `--backend runtime`."""
+
+import glob
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
+COMMON = ["--task", "mmlu,gsm8k", "--limit", "4", "--no-reference", "--num-fewshot", "1", "--max-tokens", "24",
+          "--no-progress", "--data-dir", str(DATA)]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 60) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"m3bench serve exited: {proc.stderr.read()[-2000:]}")
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError("m3bench serve did not become healthy")
+
+
+def _accuracy(ckpt: Path, out: Path, *backend: str) -> dict[str, dict[str, dict]]:
+    cmd = [sys.executable, "-m", "m3bench", "accuracy", "--model", str(ckpt), "--out", str(out), *backend, *COMMON]
+    done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    items = {}
+    for task in ("mmlu", "gsm8k"):
+        (path,) = glob.glob(str(out / f"{task}-*.items.jsonl"))
+        items[task] = {row["id"]: row for row in map(json.loads, Path(path).read_text().splitlines())}
+    return items
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    if not (DATA / "mmlu" / "test.jsonl").is_file() or not (DATA / "gsm8k" / "test.jsonl").is_file():
+        pytest.skip(f"MMLU / GSM8K data not found under {DATA}")
+    from m3bench.runtime.tiny import write_tiny_checkpoint
+
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), seed=0)
+
+
+def test_openai_backend_against_serve_equals_runtime_backend(ckpt, tmp_path):
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    serve = subprocess.Popen([sys.executable, "-m", "m3bench", "serve", "--model", str(ckpt), "--port", str(port),
+                              "--dtype", "float32", "--kv-cache-dtype", "auto"],
+                             env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_healthy(url, serve)
+        served = _accuracy(ckpt, tmp_path / "openai", "--backend", "openai", "--base-url", url)
+    finally:
+        serve.terminate()
+        serve.wait(timeout=20)
+    local = _accuracy(ckpt, tmp_path / "runtime", "--backend", "runtime", "--device", "cpu", "--dtype", "float32",
+                      "--kv-cache-dtype", "auto")
+    assert served["mmlu"].keys() == local["mmlu"].keys() and len(local["mmlu"]) == 4
+    for item_id, want in local["mmlu"].items():
+        got = served["mmlu"][item_id]
+        assert got["extracted"] == want["extracted"], item_id
+        assert [c["logprob"] for c in got["raw_output"]] == pytest.approx([c["logprob"] for c in want["raw_output"]],
+                                                                          abs=1e-3)
+    assert served["gsm8k"].keys() == local["gsm8k"].keys() and len(local["gsm8k"]) == 4
+    for item_id, want in local["gsm8k"].items():
+        assert served["gsm8k"][item_id]["extracted_by_metric"] == want["extracted_by_metric"], item_id
