@@ -6,6 +6,8 @@ Routes: POST /v1/completions, POST /v1/chat/completions (the checkpoint's chat t
 GET /v1/models, GET /health (never needs the key), GET /metrics (Prometheus text, `m3bench:` names).
 Extensions to the OpenAI schema (as vLLM spells them): `ignore_eos`, `top_k`, `min_tokens`,
 `return_token_ids` (each choice carries the ids of its new tokens), `chat_template_kwargs`.
+Completions with `echo` and `logprobs` score the echoed prompt as vLLM does (first token's logprob null;
+`max_tokens=0` scores the prompt only), which lm-eval's loglikelihood over the API needs.
 Every error is a 4xx/5xx JSON `{"error": {"message", "type", "code"}}`; a client that disconnects
 aborts its request, which frees its KV pages.
 """

@@ -4,6 +4,7 @@
     outs = llm.generate(["Hello"], SamplingParams(max_tokens=32, temperature=0.7, seed=1))
     outs[0].token_ids, outs[0].text, outs[0].logprobs, outs[0].timings, outs[0].finish_reason
     llm.score([(context_ids, continuation_ids)])   # [(sum_logprob, is_greedy)]
+    llm.generate([ids], SamplingParams(max_tokens=0, prompt_logprobs=5))[0].prompt_logprobs  # tokens 1.. (no cache reuse)
     rid = llm.add_request([1, 2, 3], SamplingParams()); deltas = llm.step(); llm.abort(rid)
     for delta in llm.stream(["Hi"], SamplingParams(max_tokens=8)): ...
 """
@@ -391,9 +392,9 @@ def _pick_backend(model: Any, name: str, tokens_per_block: int, prebuilt: bool) 
 
 
 def _async_choice(requested: bool | None, device: torch.device, spec: Any, tp: Any) -> bool:
-    """Overlap scheduling: off unless asked for (its outputs equal the synchronous engine's, but on the H200
-    on 2026-12-01 step() did not yet return while the next step ran: some host-to-device copy still waits
-    for the device queue); not with speculation or tensor parallelism (yet)."""
+    """Overlap scheduling: off unless asked for (outputs equal the synchronous engine's on the H200, and step()
+    returned while the next step ran in one of two runs on 2026-12-01; its speed-up is not measured yet);
+    not with speculation or tensor parallelism (yet)."""
     if requested is None:
         return False
     if requested and spec is not None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
-COMMON = ["--task", "mmlu,gsm8k", "--limit", "4", "--no-reference", "--num-fewshot", "1", "--max-tokens", "24",
+COMMON = ["--limit", "4", "--no-reference", "--num-fewshot", "1", "--max-tokens", "24",
           "--no-progress", "--data-dir", str(DATA)]
 
 
@@ -43,12 +43,14 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 60) -> No
     raise AssertionError("m3bench serve did not become healthy")
 
 
-def _accuracy(ckpt: Path, out: Path, *backend: str) -> dict[str, dict[str, dict]]:
-    cmd = [sys.executable, "-m", "m3bench", "accuracy", "--model", str(ckpt), "--out", str(out), *backend, *COMMON]
-    done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=120)
+def _accuracy(model: str, out: Path, *backend: str, tasks: tuple[str, ...] = ("mmlu", "gsm8k")
+              ) -> dict[str, dict[str, dict]]:
+    cmd = [sys.executable, "-m", "m3bench", "accuracy", "--model", model, "--out", str(out), *backend, *COMMON,
+           "--task", ",".join(tasks)]
+    done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=120, cwd=out.parent)
     assert done.returncode == 0, done.stderr[-3000:]
     items = {}
-    for task in ("mmlu", "gsm8k"):
+    for task in tasks:
         (path,) = glob.glob(str(out / f"{task}-*.items.jsonl"))
         items[task] = {row["id"]: row for row in map(json.loads, Path(path).read_text().splitlines())}
     return items
@@ -67,22 +69,26 @@ def test_openai_backend_against_serve_equals_runtime_backend(ckpt, tmp_path):
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     serve = subprocess.Popen([sys.executable, "-m", "m3bench", "serve", "--model", str(ckpt), "--port", str(port),
-                              "--dtype", "float32", "--kv-cache-dtype", "auto"],
+                              "--dtype", "float32", "--kv-cache-dtype", "auto", "--served-model-name", "tiny-served"],
                              env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         _wait_healthy(url, serve)
-        served = _accuracy(ckpt, tmp_path / "openai", "--backend", "openai", "--base-url", url)
+        served = _accuracy(str(ckpt), tmp_path / "openai", "--backend", "openai", "--base-url", url)
+        # a model name, not a directory: no local tokenizer, the continuation is found from the echoed text_offset
+        by_offset = _accuracy("tiny-served", tmp_path / "offsets", "--backend", "openai", "--base-url", url,
+                              tasks=("mmlu",))
     finally:
         serve.terminate()
         serve.wait(timeout=20)
-    local = _accuracy(ckpt, tmp_path / "runtime", "--backend", "runtime", "--device", "cpu", "--dtype", "float32",
+    local = _accuracy(str(ckpt), tmp_path / "runtime", "--backend", "runtime", "--device", "cpu", "--dtype", "float32",
                       "--kv-cache-dtype", "auto")
-    assert served["mmlu"].keys() == local["mmlu"].keys() and len(local["mmlu"]) == 4
-    for item_id, want in local["mmlu"].items():
-        got = served["mmlu"][item_id]
-        assert got["extracted"] == want["extracted"], item_id
-        assert [c["logprob"] for c in got["raw_output"]] == pytest.approx([c["logprob"] for c in want["raw_output"]],
-                                                                          abs=1e-3)
+    for mmlu in (served["mmlu"], by_offset["mmlu"]):
+        assert mmlu.keys() == local["mmlu"].keys() and len(local["mmlu"]) == 4
+        for item_id, want in local["mmlu"].items():
+            got = mmlu[item_id]
+            assert got["extracted"] == want["extracted"], item_id
+            assert [c["logprob"] for c in got["raw_output"]] == pytest.approx(
+                [c["logprob"] for c in want["raw_output"]], abs=1e-3)
     assert served["gsm8k"].keys() == local["gsm8k"].keys() and len(local["gsm8k"]) == 4
     for item_id, want in local["gsm8k"].items():
         assert served["gsm8k"][item_id]["extracted_by_metric"] == want["extracted_by_metric"], item_id

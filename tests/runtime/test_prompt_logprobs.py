@@ -46,9 +46,10 @@ def _check(model, prompts, outs):
             assert [v for _, v in row] == pytest.approx(vals.tolist(), abs=1e-4)
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True])
 @pytest.mark.parametrize("max_num_tokens", [256, 9])  # 9: every prompt is prefilled in chunks
-def test_prompt_logprobs_equal_full_forward(model, prompts, max_num_tokens):
-    llm = _llm(model, max_num_tokens=max_num_tokens)
+def test_prompt_logprobs_equal_full_forward(model, prompts, max_num_tokens, async_scheduling):
+    llm = _llm(model, max_num_tokens=max_num_tokens, async_scheduling=async_scheduling)
     outs = llm.generate(prompts, SamplingParams(max_tokens=3, ignore_eos=True, prompt_logprobs=TOP))
     _check(model, prompts, outs)
     plain = llm.generate(prompts, SamplingParams(max_tokens=3, ignore_eos=True))
@@ -66,8 +67,9 @@ def test_prefix_cache_does_not_skip_prompt_logprobs(model, prompts):
     assert again[0].num_cached_tokens > 0  # their pages still serve others
 
 
-def test_max_tokens_zero_scores_the_prompt_only(model, prompts):
-    llm = _llm(model, max_num_tokens=12)
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_max_tokens_zero_scores_the_prompt_only(model, prompts, async_scheduling):
+    llm = _llm(model, max_num_tokens=12, async_scheduling=async_scheduling)
     outs = llm.generate(prompts, SamplingParams(max_tokens=0, prompt_logprobs=TOP))
     assert all(o.token_ids == [] for o in outs)
     _check(model, prompts, outs)
@@ -84,8 +86,9 @@ def test_survives_preemption(model, prompts):
     _check(model, prompts, outs)
 
 
-def test_stream_delta_carries_prompt_logprobs_once(model, prompts):
-    llm = _llm(model, max_num_tokens=9)
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_stream_delta_carries_prompt_logprobs_once(model, prompts, async_scheduling):
+    llm = _llm(model, max_num_tokens=9, async_scheduling=async_scheduling)
     deltas = list(llm.stream([prompts[0]], SamplingParams(max_tokens=3, ignore_eos=True, prompt_logprobs=1)))
     carried = [d for d in deltas if d.prompt_logprobs]
     assert len(carried) == 1 and len(carried[0].prompt_logprobs) == len(prompts[0]) - 1
