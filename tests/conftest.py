@@ -1,6 +1,6 @@
 """Shared fixtures: a tiny random MiniMax-M3 checkpoint, and the real checkpoints when fetched.
 
-Real checkpoints come from `/work/shared/tools/fetch-model NAME DIR`; tests that need one skip
+Real checkpoints come from `../shared/tools/fetch-model NAME DIR`; tests that need one skip
 when it is absent. Looked up in $M3BENCH_SMOLLM2_DIR / $M3BENCH_QWEN05_DIR, then
 ~/.cache/m3bench/models/<name>.
 """
@@ -19,7 +19,7 @@ def real_checkpoint(env: str, name: str) -> Path:
     """The fetched checkpoint's directory, or skip the test."""
     path = Path(os.environ[env]) if os.environ.get(env) else MODELS_DIR / name
     if not (path / "config.json").exists():
-        pytest.skip(f"{name} not fetched (set {env} or run /work/shared/tools/fetch-model {name} {path})")
+        pytest.skip(f"{name} not fetched (set {env} or run ../shared/tools/fetch-model {name} {path})")
     return path
 
 

@@ -15,7 +15,7 @@ lm_eval = pytest.importorskip("lm_eval")
 yaml = pytest.importorskip("yaml")
 
 runner = CliRunner()
-DATA_DIR = Path(os.environ.get("M3BENCH_DATA", "/work/shared/data"))
+DATA_DIR = Path(os.environ.get("M3BENCH_DATA") or Path(__file__).resolve().parents[2].parent / "shared" / "data")
 LM_TASKS = Path(lm_eval.__file__).parent / "tasks"
 
 

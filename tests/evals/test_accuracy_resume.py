@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-SHARED = Path("/work/shared/data")
+SHARED = Path(os.environ.get("M3BENCH_DATA") or Path(__file__).resolve().parents[2].parent / "shared" / "data")
 pytestmark = [pytest.mark.skipif(not (SHARED / "mmlu" / "test.jsonl").is_file(), reason="no shared data copy"), pytest.mark.slow]
 
 

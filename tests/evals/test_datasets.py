@@ -1,15 +1,22 @@
 """Data sources give identical rows and content hashes; missing splits fail loudly and fast."""
 
 import json
+import os
 import time
 from pathlib import Path
 
 import pytest
 
 from m3bench.evals import datasets as ds
-from m3bench.evals.datasets import DatasetName, DataUnavailable, SourceKind, content_sha256, load_split
+from m3bench.evals.datasets import (
+    DatasetName,
+    DataUnavailable,
+    SourceKind,
+    content_sha256,
+    load_split,
+)
 
-SHARED = Path("/work/shared/data")
+SHARED = Path(os.environ.get("M3BENCH_DATA") or Path(__file__).resolve().parents[2].parent / "shared" / "data")
 needs_shared = pytest.mark.skipif(not (SHARED / "mmlu" / "test.jsonl").is_file(), reason="no shared data copy")
 
 

@@ -26,7 +26,7 @@ from m3bench.evals.protocols.mmlu import MmluLoglikelihood  # noqa: E402
 from m3bench.evals.scoring import extract_flexible_last, extract_strict_first  # noqa: E402
 
 LM_TASKS = Path(lm_eval.__file__).parent / "tasks"
-DATA_DIR = Path(os.environ.get("M3BENCH_DATA", "/work/shared/data"))
+DATA_DIR = Path(os.environ.get("M3BENCH_DATA") or Path(__file__).resolve().parents[2].parent / "shared" / "data")
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from m3bench.evals.protocols.mmlu_gen import trtllm_sample
 from m3bench.evals.protocols.mmlu_subjects import CATEGORY_OF, SUBJECTS, lm_eval_header
 from m3bench.runtime.errors import InputError
 
-SHARED = Path("/work/shared/data")
+SHARED = Path(os.environ.get("M3BENCH_DATA") or Path(__file__).resolve().parents[2].parent / "shared" / "data")
 pytestmark = pytest.mark.skipif(not (SHARED / "gsm8k" / "train.jsonl").is_file(), reason="no shared data copy")
 
 

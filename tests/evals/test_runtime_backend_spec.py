@@ -4,6 +4,7 @@ and `m3bench accuracy --draft` end to end on the tiny pair."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from typer.testing import CliRunner
 from m3bench.evals.backends.base import GenRequest
 from m3bench.evals.backends.runtime import RuntimeBackend, RuntimeOptions
 
-SHARED = Path("/work/shared/data")
+SHARED = Path(os.environ.get("M3BENCH_DATA") or Path(__file__).resolve().parents[2].parent / "shared" / "data")
 
 
 @pytest.fixture(scope="module")

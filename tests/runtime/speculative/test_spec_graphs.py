@@ -7,7 +7,6 @@ synthetic acceptance; the replay counters show the static path ran. (CUDA: test_
 from __future__ import annotations
 
 import pytest
-import torch
 import m3bench.runtime.llm as llm_module
 from engine_spec_helpers import LLM, OracleDraft, SamplingParams, llm_args, random_draft, random_prompts, small_model
 from m3bench.runtime.errors import InputError
