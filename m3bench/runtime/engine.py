@@ -263,9 +263,12 @@ class Engine:
         dropped = [_delta(s, (), "", ()) for s in self.scheduler.drain_dropped()]
         if batch is None:
             return dropped
-        now = time.time()
-        for seq in batch.seqs:
-            seq.timings.scheduled_s = seq.timings.scheduled_s or now
+        inputs, sampled = self._run_batch(batch)
+        return dropped + self._postprocess(batch, inputs.sample_seqs, sampled)
+
+    def _run_batch(self, batch: ScheduledBatch) -> tuple[Any, SamplerOutput | None]:
+        """Forward the scheduled batch, sample its generating rows (kept on the device), score the rest."""
+        mark_scheduled(batch)
         inputs = self.runner.prepare(batch)
         logits = self.runner.run(inputs, batch)
         ns = len(inputs.sample_seqs)
@@ -273,7 +276,7 @@ class Engine:
         if sampled is not None:
             self.runner.record(inputs, sampled.token_ids)
         self._score(logits[ns:], inputs)
-        return dropped + self._postprocess(batch, inputs.sample_seqs, sampled)
+        return inputs, sampled
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
         banned = [self._banned(s) for s in seqs]
@@ -389,3 +392,10 @@ def _tops(sampled: SamplerOutput) -> list[list[tuple[int, float]]] | None:
         return None
     ids, lps = sampled.top_ids.tolist(), sampled.top_logprobs.tolist()
     return [list(zip(i, lp)) for i, lp in zip(ids, lps)]
+
+
+def mark_scheduled(batch: ScheduledBatch) -> None:
+    """Stamp the first time each request of `batch` is scheduled (host clock)."""
+    now = time.time()
+    for seq in batch.seqs:
+        seq.timings.scheduled_s = seq.timings.scheduled_s or now

@@ -63,16 +63,7 @@ class OverlapEngine(Engine):
         return [_delta(s, (), "", ()) for s in dropped] + deltas
 
     def _launch(self, batch: ScheduledBatch) -> Flight:
-        now = time.time()
-        for seq in batch.seqs:
-            seq.timings.scheduled_s = seq.timings.scheduled_s or now
-        inputs = self.runner.prepare(batch)
-        logits = self.runner.run(inputs, batch)
-        ns = len(inputs.sample_seqs)
-        sampled = self._sample(logits[:ns], inputs.sample_seqs) if ns else None
-        if sampled is not None:
-            self.runner.record(inputs, sampled.token_ids)
-        self._score(logits[ns:], inputs)
+        inputs, sampled = self._run_batch(batch)
         host, done = to_host(sampled)
         finished = self._advance(batch)
         return Flight(inputs.sample_seqs, host, done, finished)

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from m3bench.runtime.engine import Engine, RequestDelta, _delta, _tops
+from m3bench.runtime.engine import Engine, RequestDelta, _delta, _tops, mark_scheduled
 from m3bench.runtime.sequence import FinishReason, Sequence
 from m3bench.runtime.speculative.runner import Extend, Row, SpecRunner, TargetStep, eligible
 
@@ -31,9 +31,7 @@ class SpecEngine(Engine):
         dropped = [_delta(s, (), "", ()) for s in self.scheduler.drain_dropped()]
         if batch is None:
             return dropped
-        now = time.time()
-        for seq in batch.seqs:
-            seq.timings.scheduled_s = seq.timings.scheduled_s or now
+        mark_scheduled(batch)
         step = self.spec.prepare(batch)
         logits = self.spec.run_target(step)
         nv, npl = len(step.verify) * (self.spec.K + 1), len(step.plain)
