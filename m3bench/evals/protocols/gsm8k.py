@@ -53,12 +53,14 @@ class Gsm8k(Protocol):
     metrics = ("strict-match", "flexible-extract")
     default_fewshot = 5
     fewshot_split = "train"
+    default_max_tokens = DEFAULT_MAX_TOKENS
 
     def build_items(self, splits: dict[str, Split], settings: Settings) -> list[Item]:
+        """lm-eval's few-shot draws for every test row, then the seeded subset (`--limit`)."""
         test = splits["test"].rows
         k = self.fewshot(settings)
         shots = lm_eval_shots(len(test), fewshot_train(splits, k, self.name), k)
-        max_tokens = settings.max_tokens or DEFAULT_MAX_TOKENS
+        max_tokens = settings.max_tokens or self.default_max_tokens
         chosen = shuffled_prefix(range(len(test)), settings.limit, settings.seed)
         return [self._item(i, test[i], shots[i], max_tokens) for i in chosen]
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 from typing import Sequence
 
 from m3bench.evals.backends.base import GenRequest, GenResult
-from m3bench.evals.datasets import DatasetName, GsmRow, Split
-from m3bench.evals.protocols.base import Item, Judgement, Protocol, RequestKind, Settings, shuffled_prefix
-from m3bench.evals.protocols.gsm8k import fewshot_train, lm_eval_shots
+from m3bench.evals.datasets import GsmRow
+from m3bench.evals.protocols.base import Item, Judgement
+from m3bench.evals.protocols.gsm8k import Gsm8k
 from m3bench.evals.scoring import extract_strict_last, gsm8k_match
 
 DEFAULT_MAX_TOKENS = 8192
@@ -27,22 +27,13 @@ def user_turn(question: str) -> str:
     return f"Question: {question}\n{INSTRUCTION}\nAnswer:"
 
 
-class Gsm8kChat(Protocol):
+class Gsm8kChat(Gsm8k):
+    """The same items and few-shot draws as `gsm8k`, asked as chat turns and judged by the last `####`."""
+
     name = "gsm8k-chat"
     version = "inferencex-gsm8k/m3bench-1"
-    dataset = DatasetName.GSM8K
-    kind = RequestKind.GENERATE
     metrics = ("strict-match",)
-    default_fewshot = 5
-    fewshot_split = "train"
-
-    def build_items(self, splits: dict[str, Split], settings: Settings) -> list[Item]:
-        test = splits["test"].rows
-        k = self.fewshot(settings)
-        shots = lm_eval_shots(len(test), fewshot_train(splits, k, self.name), k)
-        max_tokens = settings.max_tokens or DEFAULT_MAX_TOKENS
-        chosen = shuffled_prefix(range(len(test)), settings.limit, settings.seed)
-        return [self._item(i, test[i], shots[i], max_tokens) for i in chosen]
+    default_max_tokens = DEFAULT_MAX_TOKENS
 
     def _item(self, index: int, row: GsmRow, shots: Sequence[GsmRow], max_tokens: int) -> Item:
         turns: list[dict[str, str]] = []
