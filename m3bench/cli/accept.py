@@ -146,21 +146,15 @@ def print_table(s: dict[str, Any]) -> None:
 
 
 def write_junit(path: Path, s: dict[str, Any]) -> Path:
-    import xml.etree.ElementTree as ET
+    from m3bench.junit import JUnitCase
+    from m3bench.junit import write_junit as write_cases
 
-    model = s["metadata"]["model_id"]
-    suite = ET.Element("testsuite", name="m3bench.acceptance", tests="1", failures=str(int(s["verdict"] == "fail")),
-                       skipped=str(int(s["verdict"] == "no_reference")))
-    case = ET.SubElement(suite, "testcase", classname=f"m3bench.acceptance.{model}", name="acceptance_length")
+    cls, name = f"m3bench.acceptance.{s['metadata']['model_id']}", "acceptance_length"
     line = f"AL {s['acceptance_length']:.3f}, acceptance rate {s['acceptance_rate']:.3f} on n={s['n']}"
     if s["verdict"] == "fail":
-        ET.SubElement(case, "failure", message=f"{line} < min_al {s['min_al']:.3f}", type="AcceptanceRegression")
+        case = JUnitCase(cls, name, failure=f"{line} < min_al {s['min_al']:.3f}", failure_type="AcceptanceRegression")
     elif s["verdict"] == "no_reference":
-        ET.SubElement(case, "skipped", message=f"{line}; not gated (--no-reference)")
+        case = JUnitCase(cls, name, skipped=f"{line}; not gated (--no-reference)")
     else:
-        ET.SubElement(case, "system-out").text = f"{line} >= min_al {s['min_al']:.3f}"
-    root = ET.Element("testsuites")
-    root.append(suite)
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
-    return Path(path)
+        case = JUnitCase(cls, name, f"{line} >= min_al {s['min_al']:.3f}")
+    return write_cases(path, "m3bench.acceptance", [case])

@@ -245,7 +245,7 @@ def _change_text(delta: dict, key: tuple) -> str:
 
 
 def _junit(path: Path, rows: list[dict], changes) -> None:
-    from m3bench.bench.junit import JUnitCase, write_junit
+    from m3bench.junit import JUnitCase, write_junit
 
     cases = []
     for r in rows:

@@ -2,33 +2,24 @@
 
 from __future__ import annotations
 
-import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any, Sequence
 
+from m3bench.junit import JUnitCase
+from m3bench.junit import write_junit as write_cases
 
-def _case(summary: dict[str, Any], model_id: str) -> ET.Element:
-    case = ET.Element("testcase", classname=f"m3bench.accuracy.{model_id}", name=summary["task"])
+
+def _case(summary: dict[str, Any], model_id: str) -> JUnitCase:
     threshold = summary.get("threshold")
     line = f"{summary['task']} ({summary['protocol']}): {summary['score']:.2f} on n={summary['n']}"
+    case = JUnitCase(f"m3bench.accuracy.{model_id}", summary["task"])
     if summary["verdict"] == "fail":
-        failure = ET.SubElement(case, "failure", message=f"{line} < threshold {threshold:.2f}", type="AccuracyRegression")
-        failure.text = f"reference {summary['reference']}\ntheta {summary['theta']:.2f}"
-    elif summary["verdict"] == "no_reference":
-        ET.SubElement(case, "skipped", message=f"{line}; not gated (--no-reference)")
-    else:
-        ET.SubElement(case, "system-out").text = f"{line} >= threshold {threshold:.2f}"
-    return case
+        return JUnitCase(case.classname, case.name, f"reference {summary['reference']}\ntheta {summary['theta']:.2f}",
+                         failure=f"{line} < threshold {threshold:.2f}", failure_type="AccuracyRegression")
+    if summary["verdict"] == "no_reference":
+        return JUnitCase(case.classname, case.name, skipped=f"{line}; not gated (--no-reference)")
+    return JUnitCase(case.classname, case.name, f"{line} >= threshold {threshold:.2f}")
 
 
 def write_junit(path: Path, summaries: Sequence[dict[str, Any]], model_id: str) -> Path:
-    suite = ET.Element("testsuite", name="m3bench.accuracy", tests=str(len(summaries)),
-                       failures=str(sum(s["verdict"] == "fail" for s in summaries)),
-                       skipped=str(sum(s["verdict"] == "no_reference" for s in summaries)))
-    for summary in summaries:
-        suite.append(_case(summary, model_id))
-    root = ET.Element("testsuites")
-    root.append(suite)
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
-    return Path(path)
+    return write_cases(path, "m3bench.accuracy", [_case(s, model_id) for s in summaries])
