@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from m3bench.cli.main import app
+from shared_data import SHARED_DATA as DATA_DIR
 
 lm_eval = pytest.importorskip("lm_eval")
 yaml = pytest.importorskip("yaml")
 
 runner = CliRunner()
-DATA_DIR = Path(os.environ.get("M3BENCH_DATA") or Path(__file__).resolve().parents[2].parent / "shared" / "data")
 LM_TASKS = Path(lm_eval.__file__).parent / "tasks"
 
 

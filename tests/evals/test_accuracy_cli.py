@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from accuracy_cli import accuracy_cmd, accuracy_env
+from shared_data import SHARED_DATA as SHARED
 
-SHARED = Path(os.environ.get("M3BENCH_DATA") or Path(__file__).resolve().parents[2].parent / "shared" / "data")
 pytestmark = pytest.mark.skipif(not (SHARED / "mmlu" / "test.jsonl").is_file(), reason="no shared data copy")
 
 
@@ -22,28 +21,19 @@ def tiny(tmp_path_factory) -> Path:
     return write_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-m3")
 
 
-def _cmd(tiny: Path, out: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "m3bench", "accuracy", "--model", str(tiny), "--model-id", "m3bench/tiny-m3",
-            "--out", str(out), "--no-progress", "--device", "cpu", "--dtype", "float32", *extra]
-
-
-def _env(tmp: Path) -> dict[str, str]:
-    return {**os.environ, "M3BENCH_DATA": str(SHARED), "OMP_NUM_THREADS": "1", "M3BENCH_CACHE": str(tmp / "cache"),
-            "HF_HUB_OFFLINE": "1"}
-
 
 def test_exit_codes_and_junit(tiny, tmp_path):
     ref = tmp_path / "ref.yaml"
     ref.write_text("m3bench/tiny-m3:\n  - accuracy: 100.0\n    threshold: 100.0\n")
     junit = tmp_path / "acc.xml"
     args = ("--task", "gsm8k", "--num-fewshot", "0", "--limit", "2", "--max-tokens", "4", "--reference", str(ref), "--junit", str(junit))
-    done = subprocess.run(_cmd(tiny, tmp_path / "out", *args), env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    done = subprocess.run(accuracy_cmd(tiny, tmp_path / "out", *args), env=accuracy_env(tmp_path), capture_output=True, text=True, timeout=300)
     assert done.returncode == 1, done.stderr[-2000:]
     case = ET.parse(junit).getroot().find("testsuite/testcase")
     assert case.get("name") == "gsm8k" and case.find("failure") is not None
 
-    no_train = subprocess.run(_cmd(tiny, tmp_path / "out", "--task", "gsm8k", "--no-reference", "--data-dir", str(tmp_path / "empty")),
-                              env={**_env(tmp_path), "M3BENCH_DATA": ""}, capture_output=True, text=True, timeout=300)
+    no_train = subprocess.run(accuracy_cmd(tiny, tmp_path / "out", "--task", "gsm8k", "--no-reference", "--data-dir", str(tmp_path / "empty")),
+                              env={**accuracy_env(tmp_path), "M3BENCH_DATA": ""}, capture_output=True, text=True, timeout=300)
     assert no_train.returncode == 2 and "needs the train split" in no_train.stderr
     assert "Traceback" not in no_train.stderr
 

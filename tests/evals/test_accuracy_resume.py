@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from accuracy_cli import accuracy_cmd, accuracy_env
+from shared_data import SHARED_DATA as SHARED
 
-SHARED = Path(os.environ.get("M3BENCH_DATA") or Path(__file__).resolve().parents[2].parent / "shared" / "data")
 pytestmark = [pytest.mark.skipif(not (SHARED / "mmlu" / "test.jsonl").is_file(), reason="no shared data copy"), pytest.mark.slow]
 
 
@@ -22,15 +21,6 @@ def tiny(tmp_path_factory) -> Path:
 
     return write_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-m3")
 
-
-def _cmd(tiny: Path, out: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "m3bench", "accuracy", "--model", str(tiny), "--model-id", "m3bench/tiny-m3",
-            "--out", str(out), "--no-progress", "--device", "cpu", "--dtype", "float32", *extra]
-
-
-def _env(tmp: Path) -> dict[str, str]:
-    return {**os.environ, "M3BENCH_DATA": str(SHARED), "OMP_NUM_THREADS": "1", "M3BENCH_CACHE": str(tmp / "cache"),
-            "HF_HUB_OFFLINE": "1"}
 
 
 def _wait_for_lines(path: Path, proc: subprocess.Popen, timeout_s: float) -> int:
@@ -45,7 +35,7 @@ def _wait_for_lines(path: Path, proc: subprocess.Popen, timeout_s: float) -> int
 def test_kill_and_resume_gives_the_same_summary(tiny, tmp_path):
     args = ("--task", "mmlu", "--limit", "10", "--no-reference", "--max-batch-size", "8")  # 40 pairs: 5 saved chunks
     out = tmp_path / "out"
-    proc = subprocess.Popen(_cmd(tiny, out, *args), env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(accuracy_cmd(tiny, out, *args), env=accuracy_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     items = None
     deadline = time.monotonic() + 120
     while items is None and time.monotonic() < deadline and proc.poll() is None:
@@ -59,13 +49,13 @@ def test_kill_and_resume_gives_the_same_summary(tiny, tmp_path):
     partial = items.read_text().count("\n")
     assert 1 <= partial < 10, "the run finished before it could be killed"
 
-    resumed = subprocess.run(_cmd(tiny, out, *args), env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(accuracy_cmd(tiny, out, *args), env=accuracy_env(tmp_path), capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     summary = json.loads(Path(resumed.stdout.strip().splitlines()[-1]).read_text())
     ids = [json.loads(line)["id"] for line in items.read_text().splitlines()]
     assert len(ids) == len(set(ids)) == 10  # nothing scored twice
 
-    fresh = subprocess.run(_cmd(tiny, tmp_path / "fresh", *args), env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    fresh = subprocess.run(accuracy_cmd(tiny, tmp_path / "fresh", *args), env=accuracy_env(tmp_path), capture_output=True, text=True, timeout=300)
     assert fresh.returncode == 0, fresh.stderr[-2000:]
     clean = json.loads(Path(fresh.stdout.strip().splitlines()[-1]).read_text())
     for key in ("score", "stderr", "n", "metrics", "subjects", "categories", "run_key"):

@@ -1,9 +1,7 @@
 """Data sources give identical rows and content hashes; missing splits fail loudly and fast."""
 
 import json
-import os
 import time
-from pathlib import Path
 
 import pytest
 
@@ -15,8 +13,8 @@ from m3bench.evals.datasets import (
     content_sha256,
     load_split,
 )
+from shared_data import SHARED_DATA as SHARED
 
-SHARED = Path(os.environ.get("M3BENCH_DATA") or Path(__file__).resolve().parents[2].parent / "shared" / "data")
 needs_shared = pytest.mark.skipif(not (SHARED / "mmlu" / "test.jsonl").is_file(), reason="no shared data copy")
 
 

@@ -24,9 +24,9 @@ from m3bench.evals.protocols.base import Settings  # noqa: E402
 from m3bench.evals.protocols.gsm8k import Gsm8k  # noqa: E402
 from m3bench.evals.protocols.mmlu import MmluLoglikelihood  # noqa: E402
 from m3bench.evals.scoring import extract_flexible_last, extract_strict_first  # noqa: E402
+from shared_data import SHARED_DATA as DATA_DIR
 
 LM_TASKS = Path(lm_eval.__file__).parent / "tasks"
-DATA_DIR = Path(os.environ.get("M3BENCH_DATA") or Path(__file__).resolve().parents[2].parent / "shared" / "data")
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 import pytest
@@ -16,8 +15,8 @@ from m3bench.evals.protocols.base import Settings, stratified_prefix
 from m3bench.evals.protocols.mmlu_gen import trtllm_sample
 from m3bench.evals.protocols.mmlu_subjects import CATEGORY_OF, SUBJECTS, lm_eval_header
 from m3bench.runtime.errors import InputError
+from shared_data import SHARED_DATA as SHARED
 
-SHARED = Path(os.environ.get("M3BENCH_DATA") or Path(__file__).resolve().parents[2].parent / "shared" / "data")
 pytestmark = pytest.mark.skipif(not (SHARED / "gsm8k" / "train.jsonl").is_file(), reason="no shared data copy")
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,8 +14,8 @@ from m3bench.evals.protocols import Task
 from m3bench.evals.protocols.base import Settings
 from m3bench.evals.references import RunSpec
 from m3bench.evals.runner import RunPlan, run_task
+from shared_data import SHARED_DATA as SHARED
 
-SHARED = Path(os.environ.get("M3BENCH_DATA") or Path(__file__).resolve().parents[2].parent / "shared" / "data")
 pytestmark = pytest.mark.skipif(not (SHARED / "mmlu" / "test.jsonl").is_file(), reason="no shared data copy")
 
 

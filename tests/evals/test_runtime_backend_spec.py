@@ -4,16 +4,14 @@ and `m3bench accuracy --draft` end to end on the tiny pair."""
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from m3bench.evals.backends.base import GenRequest
 from m3bench.evals.backends.runtime import RuntimeBackend, RuntimeOptions
+from shared_data import SHARED_DATA as SHARED
 
-SHARED = Path(os.environ.get("M3BENCH_DATA") or Path(__file__).resolve().parents[2].parent / "shared" / "data")
 
 
 @pytest.fixture(scope="module")
