@@ -48,7 +48,7 @@ def serve(
                                          "(with --load-format dummy only its config.json is read)."),
     draft_len: int = typer.Option(3, "--draft-len", min=1, help="Draft tokens proposed per verify step."),
     draft_kv: str = typer.Option("separate", "--draft-kv", help="Draft KV pages: separate or shared."),
-    cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help="Capture decode CUDA graphs (not with --draft)."),
+    cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help="Capture CUDA graphs of the decode step (with --draft: of the verify and draft steps)."),
     log_level: str = typer.Option("warning", "--log-level"),
 ) -> None:
     """Serve a checkpoint over an OpenAI-compatible API (completions, chat, models, health, metrics)."""

@@ -99,7 +99,7 @@ def sweep(
                                          "(with --load-format dummy only its config.json is read)."),
     draft_len: int = typer.Option(3, "--draft-len", min=1, help="Draft tokens proposed per verify step."),
     draft_kv: str = typer.Option("separate", "--draft-kv", help="Draft KV pages: separate or shared."),
-    cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help="Capture decode CUDA graphs (not with --draft)."),
+    cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help="Capture CUDA graphs of the decode step (with --draft: of the verify and draft steps)."),
     kv_cache_dtype: str = typer.Option("auto", "--kv-cache-dtype", help="auto (the model dtype), bf16, fp8, nvfp4, hybrid."),
     device: str = typer.Option("cpu", "--device"),
     dtype: str = typer.Option("auto", "--dtype"),

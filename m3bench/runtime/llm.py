@@ -102,7 +102,7 @@ class LLM:
         self.tokenizer = tokenizer if tokenizer is not None else getattr(self._tok, "hf", None)  # transformers'
         _check_graphs(cuda_graphs, self.device, self.model)
         self.spec, self.draft = _spec_setup(self.model, speculative_model, draft_len, draft_kv,  # Eagle3 (or None)
-                                            synthetic_acceptance_length, draft_page_size, cuda_graphs,
+                                            synthetic_acceptance_length, draft_page_size,
                                             _draft_dummy_seed(load_format, seed))
         enable_prefix_caching = enable_prefix_caching and _spec_caching(self.spec)
         kv_dtype = _kv_dtype(kv_cache_dtype)
@@ -476,7 +476,7 @@ def _progress(total: int):
 
 
 def _spec_setup(model: Any, draft: Any, draft_len: int, draft_kv: str, synthetic_al: float | None,
-                page_size: int | None, graphs: bool, dummy_seed: int | None = None) -> tuple[Any, Any]:
+                page_size: int | None, dummy_seed: int | None = None) -> tuple[Any, Any]:
     """(SpecConfig, Eagle3Draft) for speculative_model=..., or (None, None); `dummy_seed`: random draft weights."""
     if draft is None:
         return None, None
