@@ -61,18 +61,20 @@ class Settings:
     budget_s: float
     max_pos: int
     spec_graphs: bool = False  # capture graphs for the eagle3 sweep too (once the engine supports it)
+    sweeps: tuple[str, ...] = ("plain", "eagle3")
 
 
 def gpu_settings(args) -> Settings:
     return Settings(M3Shapes(), args.layers, "cuda", "bfloat16", "fp8", tuple(args.concurrency), 1024, 256,
-                    args.synthetic_acceptance, args.draft_len, args.budget_s, 4096, args.spec_graphs)
+                    args.synthetic_acceptance, args.draft_len, args.budget_s, 4096, args.spec_graphs,
+                    tuple(args.sweeps))
 
 
 def cpu_settings(args) -> Settings:
     """Tiny shapes (vocab 4096, above the 2048-id tokenizer's), page 128 as on the GPU, bf16 KV."""
     shapes = replace(TINY, page=128, vocab=4096)
     return Settings(shapes, 4, "cpu", "float32", "bf16", (1, 2), 32, 8, args.synthetic_acceptance, args.draft_len,
-                    args.budget_s, 512)
+                    args.budget_s, 512, sweeps=tuple(args.sweeps))
 
 
 # ---- model files ------------------------------------------------------------------------------
@@ -198,7 +200,9 @@ def run_sweeps(st: Settings, out: Path, work: Path) -> dict[str, list[dict]]:
     start = time.monotonic()
     target = write_target(work / "target", st)
     draft = write_draft(work / "draft", target, st)
-    plans = [("plain", None, start + PLAIN_SHARE * st.budget_s), ("eagle3", draft, start + st.budget_s)]
+    plain_share = PLAIN_SHARE if "eagle3" in st.sweeps else 1.0
+    plans = [p for p in (("plain", None, start + plain_share * st.budget_s), ("eagle3", draft, start + st.budget_s))
+             if p[0] in st.sweeps]
     results = {}
     for label, draft_dir, deadline in plans:
         base = SweepConfig(out_dir=out / label, engine=engine_options(st, target, draft_dir), lengths=((st.isl, st.osl),),
@@ -286,6 +290,8 @@ def parse_args(argv=None):
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "gpu_sweep_out"))
     p.add_argument("--cpu-smoke", action="store_true", help="Tiny shapes on CPU.")
     p.add_argument("--spec-graphs", action="store_true", help="CUDA graphs for the eagle3 sweep too (when supported).")
+    p.add_argument("--sweeps", nargs="+", choices=("plain", "eagle3"), default=["plain", "eagle3"],
+                   help="Which sweeps to run (one alone gets the whole --budget-s).")
     return p.parse_args(argv)
 
 

@@ -31,6 +31,7 @@ class EngineOptions:
     draft_len: int = 3
     draft_kv: str = "separate"  # separate | shared
     cuda_graphs: bool = False
+    async_scheduling: bool | None = None  # None: the runtime's default (on for CUDA without draft or TP)
 
     def __post_init__(self) -> None:
         if self.load_format not in ("auto", "dummy"):
@@ -57,7 +58,7 @@ class EngineOptions:
                    gpu_memory_utilization=self.gpu_memory_utilization, seed=self.seed,
                    tensor_parallel_size=self.tensor_parallel_size, cuda_graphs=self.cuda_graphs,
                    speculative_model=self.draft_dir, draft_len=self.draft_len, draft_kv=self.draft_kv,
-                   synthetic_acceptance_length=self.synthetic_acceptance)
+                   synthetic_acceptance_length=self.synthetic_acceptance, async_scheduling=self.async_scheduling)
 
     def cli_args(self) -> list[str]:
         """The same options as `m3bench serve` flags."""
@@ -73,4 +74,6 @@ class EngineOptions:
             args += ["--synthetic-acceptance", str(self.synthetic_acceptance)]
         if self.cuda_graphs:
             args += ["--cuda-graphs"]
+        if self.async_scheduling is not None:
+            args += ["--async-scheduling" if self.async_scheduling else "--no-async-scheduling"]
         return args

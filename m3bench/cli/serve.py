@@ -17,6 +17,7 @@ from typing import Optional
 
 import typer
 
+from m3bench.cli.engine_flags import ASYNC_HELP, CUDA_GRAPHS_HELP
 from m3bench.cli.errors import user_errors
 
 
@@ -48,7 +49,8 @@ def serve(
                                          "(with --load-format dummy only its config.json is read)."),
     draft_len: int = typer.Option(3, "--draft-len", min=1, help="Draft tokens proposed per verify step."),
     draft_kv: str = typer.Option("separate", "--draft-kv", help="Draft KV pages: separate or shared."),
-    cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help="Capture CUDA graphs of the decode step (with --draft: of the verify and draft steps)."),
+    cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help=CUDA_GRAPHS_HELP),
+    async_scheduling: Optional[bool] = typer.Option(None, "--async-scheduling/--no-async-scheduling", help=ASYNC_HELP),
     log_level: str = typer.Option("warning", "--log-level"),
 ) -> None:
     """Serve a checkpoint over an OpenAI-compatible API (completions, chat, models, health, metrics)."""
@@ -59,7 +61,7 @@ def serve(
     opts = EngineOptions(str(model), load_format, device, dtype, kv_cache_dtype, max_batch_size, max_num_tokens,
                          num_kv_blocks, gpu_memory_utilization, seed, synthetic_acceptance,
                          draft_dir=None if draft is None else str(draft), draft_len=draft_len, draft_kv=draft_kv,
-                         cuda_graphs=cuda_graphs)
+                         cuda_graphs=cuda_graphs, async_scheduling=async_scheduling)
     llm = opts.build()
     engine = AsyncLLM(llm)
     cfg = ServerConfig(served_model_name or model.resolve().name, llm.max_model_len, api_key or None)

@@ -20,6 +20,7 @@ from typing import Optional
 
 import typer
 
+from m3bench.cli.engine_flags import ASYNC_HELP, CUDA_GRAPHS_HELP
 from m3bench.cli.errors import EXIT_REGRESSION, M3BenchError, user_errors
 
 
@@ -99,7 +100,8 @@ def sweep(
                                          "(with --load-format dummy only its config.json is read)."),
     draft_len: int = typer.Option(3, "--draft-len", min=1, help="Draft tokens proposed per verify step."),
     draft_kv: str = typer.Option("separate", "--draft-kv", help="Draft KV pages: separate or shared."),
-    cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help="Capture CUDA graphs of the decode step (with --draft: of the verify and draft steps)."),
+    cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help=CUDA_GRAPHS_HELP),
+    async_scheduling: Optional[bool] = typer.Option(None, "--async-scheduling/--no-async-scheduling", help=ASYNC_HELP),
     kv_cache_dtype: str = typer.Option("auto", "--kv-cache-dtype", help="auto (the model dtype), bf16, fp8, nvfp4, hybrid."),
     device: str = typer.Option("cpu", "--device"),
     dtype: str = typer.Option("auto", "--dtype"),
@@ -138,7 +140,8 @@ def sweep(
         engine = EngineOptions(str(model), load_format, device, dtype, kv_cache_dtype, max_batch_size,
                                num_kv_blocks=num_kv_blocks, seed=seed, synthetic_acceptance=synthetic_acceptance,
                                draft_dir=None if draft is None else str(draft), draft_len=draft_len,
-                               draft_kv=draft_kv, cuda_graphs=cuda_graphs)
+                               draft_kv=draft_kv, cuda_graphs=cuda_graphs,
+                               async_scheduling=async_scheduling)
     elif synthetic_acceptance is not None or draft is not None:
         raise M3BenchError("--draft / --synthetic-acceptance apply to the bundled engine, not to --base-url")
     kind, path = _dataset(dataset)

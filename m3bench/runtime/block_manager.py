@@ -26,6 +26,7 @@ import torch
 
 from m3bench.runtime.errors import InputError
 from m3bench.runtime.sequence import Sequence
+from m3bench.runtime.transfer import upload_list
 
 
 @dataclass
@@ -159,7 +160,7 @@ class BlockManager:
         """Write the block-table entries appended since the last flush to the device, in one copy."""
         if not self.pending:
             return
-        rows, cols, vals = torch.tensor(self.pending, dtype=torch.int64).T.to(self.table.device, non_blocking=True)
+        rows, cols, vals = upload_list(self.pending, torch.int64, self.table.device).T
         self.table[rows, cols] = vals.to(self.table.dtype)
         self.pending.clear()
 
@@ -168,7 +169,7 @@ class BlockManager:
         rows = [s.row for s in seqs]
         if rows == list(range(len(rows))):
             return self.table[: len(rows), :num_pages]
-        idx = torch.tensor(rows, dtype=torch.int64).to(self.table.device, non_blocking=True)
+        idx = upload_list(rows, torch.int64, self.table.device)
         return self.table.index_select(0, idx)[:, :num_pages]
 
     def _append(self, seq: Sequence, pid: int) -> None:

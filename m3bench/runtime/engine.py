@@ -27,6 +27,7 @@ from m3bench.runtime.kv_cache import KVCache
 from m3bench.runtime.sampler import Sampler, SamplerOutput, make_generator
 from m3bench.runtime.scheduler import ScheduledBatch, Scheduler
 from m3bench.runtime.sequence import Detokenizer, FinishReason, Sequence
+from m3bench.runtime.transfer import upload
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,7 @@ class ModelRunner:
             starts.append(starts[-1] + q)
         host = torch.tensor(ids + pos + rows + starts + seq_lens + logits_idx + targets + [v for e in extra for v in e],
                             dtype=torch.int64)
-        dev = host.to(self.device, non_blocking=True)
+        dev = upload(host, self.device)
         cut = [T, T, T, B + 1, B, N, len(targets)] + [len(e) for e in extra]
         input_ids, positions, rows_t, qsl, lens, idx, tgt, s_rows, s_pos, ph_idx, ph_rows = dev.split(cut)
         if extra[2]:

@@ -392,11 +392,11 @@ def _pick_backend(model: Any, name: str, tokens_per_block: int, prebuilt: bool) 
 
 
 def _async_choice(requested: bool | None, device: torch.device, spec: Any, tp: Any) -> bool:
-    """Overlap scheduling: off unless asked for (outputs equal the synchronous engine's on the H200, and step()
-    returned while the next step ran in one of two runs on 2026-12-01; its speed-up is not measured yet);
-    not with speculation or tensor parallelism (yet)."""
+    """Overlap scheduling: on by default for CUDA without speculation or tensor parallelism (1.09-1.19x decode
+    tok/s on the H200 with identical tokens, benchmarks/overlap_speed.py, docs/performance.md section 5);
+    off by default on CPU (nothing to overlap); not with speculation or tensor parallelism (yet)."""
     if requested is None:
-        return False
+        return device.type == "cuda" and spec is None and tp is None
     if requested and spec is not None:
         raise InputError("async_scheduling is not supported with speculative decoding: pass async_scheduling=False")
     if requested and tp is not None:

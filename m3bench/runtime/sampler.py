@@ -17,6 +17,7 @@ from typing import Sequence as Seq
 import torch
 
 from m3bench.runtime.sequence import SamplingParams
+from m3bench.runtime.transfer import upload_list
 
 
 @dataclass(frozen=True)
@@ -52,14 +53,14 @@ class Sampler:
 
     def _random(self, x: torch.Tensor, params: Seq[SamplingParams], generators: Seq[torch.Generator | None],
                 greedy: torch.Tensor) -> torch.Tensor:
-        temp = _to(x.device, [p.temperature if p.temperature > 0 else 1.0 for p in params], torch.float32)
+        temp = upload_list([p.temperature if p.temperature > 0 else 1.0 for p in params], torch.float32, x.device)
         x = x / temp[:, None]
         if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
             x = top_k_top_p(x, [p.top_k for p in params], [p.top_p for p in params])
         probs = torch.softmax(x, dim=-1)
         q = self._exponential(probs, generators)
         sampled = (probs / q).argmax(dim=-1)
-        is_greedy = _to(x.device, [p.greedy for p in params], torch.bool)
+        is_greedy = upload_list([p.greedy for p in params], torch.bool, x.device)
         return torch.where(is_greedy, greedy, sampled)
 
     def _exponential(self, probs: torch.Tensor, generators: Seq[torch.Generator | None]) -> torch.Tensor:
@@ -74,8 +75,8 @@ class Sampler:
 def top_k_top_p(x: torch.Tensor, top_k: Seq[int], top_p: Seq[float]) -> torch.Tensor:
     """Set to -inf the logits outside each row's top-k and top-p nucleus (k 0 / p 1: off; keeps >= 1)."""
     V = x.shape[-1]
-    k = _to(x.device, [kk if 0 < kk < V else V for kk in top_k], torch.int64)
-    p = _to(x.device, list(top_p), torch.float32)
+    k = upload_list([kk if 0 < kk < V else V for kk in top_k], torch.int64, x.device)
+    p = upload_list(list(top_p), torch.float32, x.device)
     sorted_x, order = x.sort(dim=-1, descending=True)
     rank = torch.arange(V, device=x.device)[None, :]
     drop = rank >= k[:, None]
@@ -88,15 +89,10 @@ def top_k_top_p(x: torch.Tensor, top_k: Seq[int], top_p: Seq[float]) -> torch.Te
     return torch.empty_like(x).scatter_(-1, order, sorted_x)
 
 
-def _to(device: torch.device, values: list, dtype: torch.dtype) -> torch.Tensor:
-    """A small host list on the device without waiting for the device's queue (torch.tensor(device=...) syncs)."""
-    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
-
-
 def _ban(x: torch.Tensor, banned: Seq[Seq[int]]) -> torch.Tensor:
     rows = [i for i, b in enumerate(banned) for _ in b]
     cols = [t for b in banned for t in b]
-    idx = torch.tensor([rows, cols], dtype=torch.int64).to(x.device, non_blocking=True)
+    idx = upload_list([rows, cols], torch.int64, x.device)
     x = x.clone()
     x[idx[0], idx[1]] = float("-inf")
     return x

@@ -14,15 +14,16 @@ aiohttp = pytest.importorskip("aiohttp")
 KEY = "test-key"
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
+@pytest.fixture(scope="module", params=[False, True], ids=["sync", "overlap"])
+def served(tmp_path_factory, request):
     from m3bench.bench.engine_options import EngineOptions
     from m3bench.bench.server import ServerConfig, create_app, uvicorn_server
     from m3bench.runtime.async_llm import AsyncLLM
     from m3bench.runtime.tiny import write_tiny_checkpoint
 
     ckpt = write_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), seed=0)
-    llm = EngineOptions(str(ckpt), num_kv_blocks=24, max_batch_size=32).build()
+    llm = EngineOptions(str(ckpt), num_kv_blocks=24, max_batch_size=32, async_scheduling=request.param).build()
+    assert llm.async_scheduling is request.param
     engine = AsyncLLM(llm)
     cfg = ServerConfig("tiny", llm.max_model_len, KEY)
     server = uvicorn_server(create_app(engine, cfg), "127.0.0.1", 0)

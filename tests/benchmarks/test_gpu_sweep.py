@@ -72,3 +72,8 @@ def test_a_failing_sweep_is_recorded_and_the_other_still_reports(gs, tmp_path, m
     assert all("error" not in r for r in results["plain"]) and len(results["plain"]) == 2
     assert [r["concurrency"] for r in results["eagle3"]] == [1, 2]
     assert all("draft directory" in r["error"] for r in results["eagle3"])
+
+
+def test_one_sweep_alone(gs, tmp_path):
+    results = gs.main(["--cpu-smoke", "--budget-s", "0", "--sweeps", "plain", "--out", str(tmp_path)])
+    assert list(results) == ["plain"] and not (tmp_path / "eagle3").exists()

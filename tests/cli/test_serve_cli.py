@@ -18,3 +18,21 @@ def test_serve_help_lists_the_options():
     assert res.exit_code == 0
     for opt in ("--model", "--load-format", "--host", "--port", "--api-key"):
         assert opt in res.output
+
+
+def test_async_scheduling_flags_round_trip(tmp_path):
+    """EngineOptions writes the flag `m3bench serve` reads (the sweep's --serve mode relies on it); the
+    draft refusal reaches the user as one line and exit 2."""
+    from m3bench.bench.engine_options import EngineOptions
+
+    assert "async-scheduling" not in " ".join(EngineOptions("m").cli_args())
+    assert EngineOptions("m", async_scheduling=True).cli_args()[-1] == "--async-scheduling"
+    assert EngineOptions("m", async_scheduling=False).cli_args()[-1] == "--no-async-scheduling"
+    from m3bench.runtime.speculative.tiny_draft import write_tiny_draft
+    from m3bench.runtime.tiny import write_tiny_checkpoint
+
+    ckpt = write_tiny_checkpoint(tmp_path / "tiny", seed=0)
+    draft = tmp_path / "draft"
+    write_tiny_draft(draft, ckpt)
+    res = CliRunner().invoke(app, ["serve", "--model", str(ckpt), "--draft", str(draft), "--async-scheduling"])
+    assert res.exit_code == 2 and "async_scheduling" in res.output

@@ -5,15 +5,20 @@ import dataclasses
 
 import pytest
 import torch
-from engine_fixtures import random_prompts, small_model
+from engine_fixtures import EOS, SMALL_M3, random_prompts, small_model
 
+from m3bench.runtime.config import ModelConfig
 from m3bench.runtime.decode_state import PLACEHOLDER
 from m3bench.runtime.errors import InputError
 from m3bench.runtime.llm import LLM, SamplingParams, _async_choice
+from m3bench.runtime.model import M3ForCausalLM
 from m3bench.runtime.overlap_engine import OverlapEngine
-from m3bench.runtime.tiny import TinySpec, write_tiny_checkpoint
+from m3bench.runtime.tiny import TinySpec, m3_text_config, write_tiny_checkpoint
 
 KW = dict(kv_cache_dtype="auto", tokens_per_block=16, num_kv_blocks=64, max_batch_size=8, max_num_tokens=64)
+# head_dim 32 and the MSA block as the page: shapes the Triton kernels take
+TRITON_SPEC = dataclasses.replace(SMALL_M3, hidden_size=128, num_heads=4, num_kv_heads=2, head_dim=32, rotary_dim=16,
+                                  index_dim=32)
 PROMPTS = random_prompts(6, [5, 40, 17, 33, 9, 21], seed=1)
 
 
@@ -133,7 +138,7 @@ def test_stop_strings_and_streaming_text(tmp_path):
 
 def test_async_choice():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert not _async_choice(None, cuda, None, None) and not _async_choice(None, cpu, None, None)  # off unless asked
+    assert _async_choice(None, cuda, None, None) and not _async_choice(None, cpu, None, None)  # default: CUDA only
     assert not _async_choice(None, cuda, object(), None) and not _async_choice(None, cuda, None, object())
     assert _async_choice(True, cpu, None, None) and not _async_choice(False, cuda, None, None)
     with pytest.raises(InputError):
@@ -146,7 +151,6 @@ def test_async_choice():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("graphs", [False, True])
 def test_cuda_overlap_equals_sync(graphs):
-    from engine_fixtures import SMALL_M3
     from test_engine import StaticDenseBackend
 
     spec = dataclasses.replace(SMALL_M3, num_dense_layers=SMALL_M3.num_layers) if graphs else SMALL_M3
@@ -166,11 +170,18 @@ def test_cuda_overlap_equals_sync(graphs):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_step_returns_while_the_next_step_runs():
+@pytest.mark.parametrize("graphs", [False, True])
+def test_cuda_step_returns_while_the_next_step_runs(graphs):
     """With a 10 ms device delay in each model call, the overlap engine's step() returns while its
-    launched step is still queued (it never waits for the device's queue); the synchronous one does not."""
-    model = small_model(seed=0, device="cuda")
-    kw = dict(device="cuda", kv_cache_dtype="auto", tokens_per_block=16, num_kv_blocks=64, max_batch_size=8)
+    launched step is still queued (it never waits for the device's queue); the synchronous one does not.
+    The serving path: Triton kernels, eager or with decode graphs (the torch reference backend is not covered)."""
+    from m3bench.runtime.attention.triton_backend import TritonBackend
+
+    model = M3ForCausalLM(ModelConfig.from_dict(m3_text_config(TRITON_SPEC, 0, EOS)), torch.float32, "cuda",
+                          backend=TritonBackend())
+    model.init_dummy(0)
+    kw = dict(device="cuda", kv_cache_dtype="auto", tokens_per_block=16, num_kv_blocks=64, max_batch_size=8,
+              cuda_graphs=graphs)
     busy = {}
     for mode in (False, True):
         llm = LLM(model, async_scheduling=mode, **kw)

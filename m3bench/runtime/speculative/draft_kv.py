@@ -25,6 +25,7 @@ import torch
 from m3bench.runtime.block_manager import BlockManager
 from m3bench.runtime.sequence import Sequence
 from m3bench.runtime.speculative.attention import DraftKV
+from m3bench.runtime.transfer import upload_list
 
 
 def draft_slots(tables: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, page_size: int) -> torch.Tensor:
@@ -68,7 +69,7 @@ class SeparateDraftKV:
     def tables(self, seqs: list[Sequence], max_len: int) -> torch.Tensor:
         width = -(-max_len // self.page_size)
         rows = [(self.owned[s.request_id] + [0] * width)[:width] for s in seqs]
-        return torch.tensor(rows, dtype=torch.int32).to(self.device, non_blocking=True)
+        return upload_list(rows, torch.int32, self.device)
 
     def release(self, seq: Sequence) -> None:
         self.free.extend(self.owned.pop(seq.request_id, ()))

@@ -41,6 +41,7 @@ from m3bench.runtime.speculative.synthetic import SyntheticAcceptance, force_acc
 from m3bench.runtime.speculative.verify import (
     VerifyResult, draw_uniforms, target_distribution, verify_greedy, verify_sampled,
 )
+from m3bench.runtime.transfer import upload, upload_list
 
 
 @dataclass
@@ -128,7 +129,7 @@ class SpecRunner:
         idx = h.verify_idx + h.plain_idx + h.score_idx
         host = torch.tensor(h.ids + h.pos + h.rows + h.starts + h.seq_lens + idx + h.targets + h.drafts,
                             dtype=torch.int64)
-        dev = host.to(self.device, non_blocking=True)
+        dev = upload(host, self.device)
         ids, pos, rows, qsl, lens, lidx, tgt, drafts = dev.split(
             [T, T, T, B + 1, B, len(idx), len(h.targets), len(h.drafts)])
         self.bm.flush()
@@ -195,7 +196,7 @@ class SpecRunner:
         h = _HostDraft(extends)
         max_len = max(e.end + (self.K - 1 if e.propose else 0) for e in extends)
         tables = self.layout.tables([e.seq for e in extends], max_len)
-        dev = torch.tensor(h.flat(), dtype=torch.int64).to(self.device, non_blocking=True)
+        dev = upload_list(h.flat(), torch.int64, self.device)
         tok, pos, trow, feat, qsl, lens, last, ends, prow = dev.split(h.sizes())
         meta = AttnMetadata(qsl.int(), lens.int(), tables, draft_slots(tables, trow, pos, self.layout.page_size),
                             pos, h.q_lens, h.lens)

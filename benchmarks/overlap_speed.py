@@ -1,0 +1,197 @@
+"""Overlap scheduling (`async_scheduling`) against the synchronous engine: decode tok/s, host time per
+step, and whether the device was still busy when step() returned.
+
+    python benchmarks/overlap_speed.py                 # H200: Qwen2.5-0.5B shapes and 12-layer M3 shapes
+    python benchmarks/overlap_speed.py --cpu-smoke     # tiny Qwen2 on CPU (the plumbing; no overlap on CPU)
+
+One LLM per model (dummy weights, bf16, CUDA graphs); its runner, scheduler and pool are driven by a
+synchronous `Engine` and an `OverlapEngine` in turn. Per batch size B: B prompts of 128 random tokens,
+`--tokens` new tokens each (ignore_eos), one warm-up generate, then the timed one. Columns:
+  tok/s          generated tokens / wall seconds of the timed generate (prefill included)
+  step ms        median over requests of the host time between consecutive tokens
+  graph ms       the captured decode graph of that batch, replayed alone (the device's share)
+  busy %         (async) share of step() calls that returned while the step they launched was still
+                 running on the device: the overlap actually achieved
+  same           greedy tokens identical between the two engines
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the m3bench package
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the decode_* helper modules
+
+import torch  # noqa: E402
+
+from m3bench.runtime.engine import Engine  # noqa: E402
+from m3bench.runtime.overlap_engine import OverlapEngine  # noqa: E402
+
+
+def model_configs(cpu_smoke: bool, m3_layers: int) -> dict:
+    """name -> ModelConfig: Qwen2.5-0.5B shapes, and MiniMax-M3 per-GPU TP8 shapes at `m3_layers` layers."""
+    from decode_floor import M3Shapes
+    from decode_setup import hf_m3_config, our_config, qwen_config
+
+    if cpu_smoke:
+        return {"qwen2-tiny": our_config(qwen_config(True))}
+    return {"qwen2.5-0.5b": our_config(qwen_config(False)),
+            f"m3-{m3_layers}L": our_config(hf_m3_config(M3Shapes(), m3_layers, 4096))}
+
+
+def build_llm(cfg, dev: torch.device, max_batch: int, prompt_len: int, new_tokens: int):
+    from m3bench.runtime import LLM
+
+    page = 16 if dev.type == "cpu" else 128
+    pages_per_seq = -(-(prompt_len + new_tokens + 8) // page)
+    return LLM(None, load_format="dummy", config=cfg, device=str(dev),
+               dtype="bfloat16" if dev.type == "cuda" else "float32", tokens_per_block=page,
+               kv_cache_dtype="fp8" if dev.type == "cuda" else "auto", max_batch_size=max_batch,
+               max_num_tokens=max(2048, max_batch * prompt_len), num_kv_blocks=max_batch * pages_per_seq + 8,
+               enable_prefix_caching=False, cuda_graphs=dev.type == "cuda")
+
+
+def engines(llm) -> dict:
+    """The LLM's runner, scheduler and pool behind a synchronous Engine and an OverlapEngine."""
+    e = llm.engine
+    args = (e.runner, e.scheduler, e.sampler, e.tokenizer, tuple(e.eos), e.max_model_len)
+    return {"sync": Engine(*args), "async": ProbedOverlapEngine(*args)}
+
+
+def _cuda(llm) -> bool:
+    return llm.device.type == "cuda"
+
+
+class ProbedOverlapEngine(OverlapEngine):
+    """Counts the steps whose launched work was still running on the device when step() returned."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.busy = self.returned = 0
+
+    def step(self):
+        deltas = super().step()
+        f = self.flight
+        if f is not None and f.done is not None:
+            self.returned += 1
+            self.busy += not f.done.query()
+        return deltas
+
+
+def prompts_for(batch: int, length: int, vocab: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(batch)
+    return torch.randint(3, min(vocab, 30000), (batch, length), generator=g).tolist()
+
+
+def step_ms(outputs) -> float:
+    gaps = [(t[-1] - t[0]) / (len(t) - 1) * 1e3 for t in (o.timings.token_s for o in outputs) if len(t) > 1]
+    return statistics.median(gaps) if gaps else float("nan")
+
+
+def replay_ms(llm, batch: int) -> float:
+    graphs = llm.engine.runner.graphs
+    if graphs is None:
+        return float("nan")
+    graph = graphs.graphs[next(b for b in graphs.sizes if b >= batch)]
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(20):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def measure(llm, variants: dict, batch: int, prompt_len: int, new_tokens: int) -> dict:
+    from m3bench.runtime import SamplingParams
+
+    prompts = prompts_for(batch, prompt_len, llm.config.vocab_size)
+    row: dict = {"batch": batch, "graph_ms": replay_ms(llm, batch) if _cuda(llm) else float("nan")}
+    tokens = {}
+    for mode, engine in variants.items():
+        llm.engine = engine
+        llm.generate(prompts, SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
+        if hasattr(engine, "busy"):
+            engine.busy = engine.returned = 0
+        _sync(llm)
+        t0 = time.perf_counter()
+        res = llm.generate(prompts, SamplingParams(max_tokens=new_tokens, ignore_eos=True))
+        _sync(llm)
+        wall = time.perf_counter() - t0
+        tokens[mode] = [r.token_ids for r in res]
+        row[f"{mode}_tok_s"] = sum(len(t) for t in tokens[mode]) / wall
+        row[f"{mode}_step_ms"] = step_ms(res)
+        if hasattr(engine, "busy"):
+            row["async_busy"] = engine.busy / engine.returned if engine.returned else float("nan")
+    row["same"] = tokens["sync"] == tokens["async"]
+    row["speedup"] = row["async_tok_s"] / row["sync_tok_s"]
+    return row
+
+
+def _sync(llm) -> None:
+    if _cuda(llm):
+        torch.cuda.synchronize()
+
+
+def table(results: dict) -> str:
+    head = (f"{'model':>14} {'B':>4} {'sync tok/s':>11} {'async tok/s':>12} {'x':>6} {'sync step':>10} "
+            f"{'async step':>11} {'graph ms':>9} {'busy %':>7} {'same':>5}")
+    lines = [head]
+    for name, rows in results.items():
+        for r in rows:
+            lines.append(f"{name:>14} {r['batch']:>4} {r['sync_tok_s']:>11.0f} {r['async_tok_s']:>12.0f} "
+                         f"{r['speedup']:>6.3f} {r['sync_step_ms']:>10.3f} {r['async_step_ms']:>11.3f} "
+                         f"{r['graph_ms']:>9.3f} {100 * r.get('async_busy', float('nan')):>7.1f} "
+                         f"{'yes' if r['same'] else 'NO':>5}")
+    return "\n".join(lines)
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--cpu-smoke", action="store_true", help="tiny Qwen2 on CPU")
+    ap.add_argument("--batches", type=int, nargs="+", default=None, help="default 1 4 16 64 (CPU: 1 2)")
+    ap.add_argument("--tokens", type=int, default=None, help="new tokens per request (default 256; CPU 8)")
+    ap.add_argument("--m3-layers", type=int, default=12)
+    ap.add_argument("--json", type=Path, default=None, help="write the rows here too")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    """Exit 0 when every row's tokens are identical between the engines, 1 otherwise, 2 without a GPU."""
+    args = parse_args(argv)
+    if not args.cpu_smoke and not torch.cuda.is_available():
+        print("no CUDA device (use --cpu-smoke)")
+        return 2
+    dev = torch.device("cpu" if args.cpu_smoke else "cuda")
+    batches = tuple(args.batches or ((1, 2) if args.cpu_smoke else (1, 4, 16, 64)))
+    new_tokens, prompt_len = args.tokens or (8 if args.cpu_smoke else 256), 8 if args.cpu_smoke else 128
+    results = {}
+    for name, cfg in model_configs(args.cpu_smoke, args.m3_layers).items():
+        llm = build_llm(cfg, dev, max(batches), prompt_len, new_tokens)
+        variants = engines(llm)
+        results[name] = [measure(llm, variants, b, prompt_len, new_tokens) for b in batches]
+        print(f"{name} done", flush=True)
+        del llm, variants
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    print(table(results))
+    out = args.json or (Path(os.environ["OUT"]) / "overlap_speed.json" if os.environ.get("OUT") else None)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=1))
+    return 0 if all(r["same"] for rows in results.values() for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
