@@ -1,5 +1,6 @@
 """`m3bench accept`: Eagle3 acceptance length on chat-GSM8K, gated by min_al (exit 0 pass, 1 below, 2 bad input).
 
+    m3bench accept                        # smoke: the tiny checkpoint + its shipped distilled draft vs golden
     m3bench accept --model /ckpt/MiniMax-M3 --draft /ckpt/MiniMax-M3-EAGLE3 --draft-len 3 --device cuda
     m3bench accept --model tiny --draft tiny-eagle3 --limit 3 --no-reference --out results
     m3bench accept --model M --draft D --synthetic-acceptance 2.5 --no-reference     # plumbing at a forced AL
@@ -20,8 +21,8 @@ import typer
 from m3bench.cli.errors import EXIT_OK, EXIT_REGRESSION, M3BenchError, user_errors
 
 HELP = {
-    "model": "Target checkpoint directory.",
-    "draft": "Eagle3 draft checkpoint directory.",
+    "model": "Target checkpoint directory. None: smoke run (tiny checkpoint, shipped draft, golden reference).",
+    "draft": "Eagle3 draft checkpoint directory (needed with --model).",
     "draft_len": "Draft tokens verified per step (1-15).",
     "draft_kv": "Draft KV layout: separate (own pool, page 32) or shared (one more layer of the target's pool).",
     "limit": "First N questions of a fixed seeded shuffle of GSM8K test.",
@@ -43,8 +44,8 @@ HELP = {
 def register(app: typer.Typer) -> None:
     @app.command("accept")
     def accept(
-        model: Path = typer.Option(..., "--model", help=HELP["model"]),
-        draft: Path = typer.Option(..., "--draft", help=HELP["draft"]),
+        model: Optional[Path] = typer.Option(None, "--model", help=HELP["model"]),
+        draft: Optional[Path] = typer.Option(None, "--draft", help=HELP["draft"]),
         draft_len: int = typer.Option(3, "--draft-len", help=HELP["draft_len"]),
         draft_kv: str = typer.Option("separate", "--draft-kv", help=HELP["draft_kv"]),
         limit: Optional[int] = typer.Option(None, "--limit", help=HELP["limit"]),
@@ -85,7 +86,23 @@ def _run(o: dict[str, Any]) -> int:
     return EXIT_REGRESSION if summary["verdict"] == "fail" else EXIT_OK
 
 
+SMOKE_LIMIT = 16  # chat-GSM8K questions of the smoke run (references/acceptance_length.yaml: m3bench/tiny-m3)
+
+
+def _smoke(o: dict[str, Any]) -> dict[str, Any]:
+    """No --model: the embedded tiny checkpoint and the distilled draft shipped for it, on CPU in fp32."""
+    from m3bench.cli.accuracy import TINY_MODEL_ID, ensure_tiny_checkpoint
+    from m3bench.runtime.speculative.tiny_draft import shipped_tiny_eagle3
+
+    if o["draft"] is not None:
+        raise M3BenchError("--draft needs --model (without both: the smoke run on the tiny checkpoint)")
+    return {**o, "model": ensure_tiny_checkpoint(), "draft": shipped_tiny_eagle3(), "model_id": TINY_MODEL_ID,
+            "limit": o["limit"] or SMOKE_LIMIT, "device": o["device"] or "cpu", "dtype": o["dtype"] or "float32"}
+
+
 def _check(o: dict[str, Any]) -> None:
+    if o["draft"] is None:
+        raise M3BenchError("--model needs --draft (the Eagle3 draft directory)")
     if not o["model"].is_dir():
         raise M3BenchError(f"model directory {o['model']} does not exist")
     if not o["draft"].is_dir():
@@ -104,6 +121,8 @@ def _plan(o: dict[str, Any]):
     from m3bench.evals.protocols.base import Settings
     from m3bench.evals.references import RunSpec
 
+    if o["model"] is None:
+        o = _smoke(o)
     _check(o)
     device = o["device"] or _default_device()
     engine = EngineSettings(o["model"], o["draft"], o["draft_len"], o["draft_kv"], o["synthetic_acceptance"],

@@ -50,6 +50,62 @@ def tiny(
         print(draft)
 
 
+@app.command("distill-draft")
+@user_errors
+def distill_draft(
+    target: Path = typer.Argument(..., help="Target checkpoint directory (a small model: it runs in fp32)."),
+    dest: Path = typer.Argument(..., help="Draft directory to write (config.json, model.safetensors in bf16)."),
+    prompts_file: Optional[Path] = typer.Option(None, "--prompts-file", help="jsonl whose --field values become "
+                                                "the user turns (default: the tiny training corpus)."),
+    field: str = typer.Option("question", "--field", help="Text field of --prompts-file rows."),
+    num_prompts: int = typer.Option(1024, "--num-prompts", min=1, help="Prompts (the first N texts of the file)."),
+    new_tokens: int = typer.Option(96, "--new-tokens", min=2, help="Greedy continuation length per prompt."),
+    steps: int = typer.Option(2000, "--steps", min=1, help="Optimizer steps."),
+    batch_size: int = typer.Option(64, "--batch-size", min=1, help="Sequences per step."),
+    unroll: int = typer.Option(3, "--unroll", min=1, help="Draft steps trained per position (the draft_len)."),
+    hard_labels: bool = typer.Option(False, "--hard-labels", help="Train on the target's tokens, not its logits."),
+    seed: int = typer.Option(0, "--seed"),
+    device: str = typer.Option("cpu", "--device"),
+) -> None:
+    """Distil an Eagle3 draft from TARGET's own greedy continuations (for tiny checkpoints: CI references)."""
+    import json
+
+    from m3bench.runtime.speculative.distill import DistillConfig, TinyDistill, distill_tiny_draft
+
+    if not target.is_dir():
+        raise M3BenchError(f"target directory {target} does not exist")
+    texts = None
+    if prompts_file is not None:
+        texts = _texts(prompts_file, field, num_prompts)
+    plan = TinyDistill(num_prompts, new_tokens, not hard_labels, DistillConfig(steps, batch_size, unroll, seed=seed))
+    report = distill_tiny_draft(target, dest, plan, device, texts)
+    print(json.dumps(report), file=sys.stderr)
+    print(dest)
+
+
+def _texts(path: Path, field: str, n: int) -> list[str]:
+    import json
+
+    if not path.is_file():
+        raise M3BenchError(f"--prompts-file {path} does not exist")
+    texts = []
+    for i, line in enumerate(path.read_text().splitlines()):
+        if len(texts) == n:
+            break
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise M3BenchError(f"{path} line {i + 1} is not JSON: {e.msg}") from None
+        if not isinstance(row, dict) or not isinstance(row.get(field), str):
+            raise M3BenchError(f"{path} line {i + 1} has no text field {field!r}")
+        texts.append(row[field])
+    if not texts:
+        raise M3BenchError(f"{path} has no rows")
+    return texts
+
+
 @app.command("inspect")
 @user_errors
 def inspect(path: Path = typer.Argument(..., help="Checkpoint directory.")) -> None:

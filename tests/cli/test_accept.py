@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from m3bench.cli.main import app
+from shared_data import SHARED_DATA
 
 runner = CliRunner()
 MODEL_ID = "m3bench/tiny-m3"
@@ -88,3 +89,35 @@ def test_bad_input_is_exit_two(pair, data_dir, tmp_path):
     model, _ = pair
     res = runner.invoke(app, ["accept", "--model", str(model), "--draft", str(tmp_path / "nope")])
     assert res.exit_code == 2 and "does not exist" in res.output
+    res = runner.invoke(app, ["accept", "--model", str(model)])
+    assert res.exit_code == 2 and "--model needs --draft" in res.output
+    res = runner.invoke(app, ["accept", "--draft", str(pair[1])])
+    assert res.exit_code == 2 and "--draft needs --model" in res.output
+
+
+needs_gsm8k = pytest.mark.skipif(not (SHARED_DATA / "gsm8k" / "test.jsonl").is_file(), reason="no local GSM8K copy")
+
+
+@needs_gsm8k
+def test_smoke_run_passes_its_golden_reference(tmp_path, monkeypatch):
+    """No arguments: the tiny checkpoint with its shipped distilled draft on 16 chat-GSM8K questions, gated
+    by the golden m3bench/tiny-m3 entry of references/acceptance_length.yaml (AL 1.497, min_al 1.422)."""
+    monkeypatch.setenv("M3BENCH_DATA", str(SHARED_DATA))
+    res = runner.invoke(app, ["accept", "--out", str(tmp_path), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    s = _summary(res)
+    assert s["verdict"] == "pass" and s["n"] == 16 and s["metadata"]["model_id"] == MODEL_ID
+    assert 1.45 < s["acceptance_length"] < 1.55 and s["min_al"] == pytest.approx(1.422)
+
+
+@needs_gsm8k
+def test_a_random_draft_fails_the_golden_gate(pair, tmp_path, monkeypatch):
+    """The golden gate catches a draft that predicts nothing: the random tiny draft (AL 1.0) exits 1."""
+    from m3bench.cli.accuracy import ensure_tiny_checkpoint
+
+    res = runner.invoke(app, ["accept", "--model", str(ensure_tiny_checkpoint()), "--draft", str(pair[1]),
+                              "--limit", "4", "--max-tokens", "48", "--data-dir", str(SHARED_DATA), "--device", "cpu",
+                              "--out", str(tmp_path), "--no-progress"])
+    assert res.exit_code == 1, res.output
+    s = _summary(res)
+    assert s["verdict"] == "fail" and s["acceptance_length"] < 1.1

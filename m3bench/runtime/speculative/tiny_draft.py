@@ -20,6 +20,12 @@ from m3bench.runtime.speculative.config import EagleConfig, default_capture_laye
 from m3bench.runtime.speculative.weights import expected_draft_tensors
 
 
+def shipped_tiny_eagle3() -> Path:
+    """The distilled Eagle3 draft shipped for the embedded tiny checkpoint (`write_tiny_checkpoint(seed=0)`):
+    made by `m3bench checkpoint distill-draft` (assets/tiny-eagle3/README.md says how)."""
+    return Path(__file__).resolve().parent / "assets" / "tiny-eagle3"
+
+
 def tiny_draft_config(target: ModelConfig, draft_vocab_size: int | None = None) -> EagleConfig:
     """The EagleConfig of a draft for `target` (hidden = target hidden)."""
     h = target.hidden_size
@@ -58,15 +64,22 @@ def _random(shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
 def write_tiny_draft(dest: Path | str, target_dir: Path | str, seed: int = 0, draft_vocab_size: int | None = None,
                      dtype: torch.dtype = torch.bfloat16, midlayer_names: bool = False) -> EagleConfig:
     """Write config.json + model.safetensors of a random draft for the target at `target_dir`."""
-    from safetensors.torch import save_file
-
     cfg = tiny_draft_config(ModelConfig.from_pretrained(target_dir), draft_vocab_size)
     tensors = random_draft_tensors(cfg, seed, dtype)
     if midlayer_names:
         tensors = {k.replace("layers.0.", "midlayer.", 1): v for k, v in tensors.items()}
+    write_draft_dir(dest, cfg, tensors, dtype)
+    return cfg
+
+
+def write_draft_dir(dest: Path | str, cfg: EagleConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> Path:
+    """config.json (with torch_dtype) and model.safetensors of `tensors` cast to `dtype` (d2t stays integer)."""
+    from safetensors.torch import save_file
+
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "config.json").write_text(json.dumps({**cfg.to_dict(), "torch_dtype": str(dtype).split(".")[-1]},
                                                  indent=2) + "\n")
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(dest / "model.safetensors"))
-    return cfg
+    cast = {k: (v if not v.is_floating_point() else v.to(dtype)).contiguous() for k, v in tensors.items()}
+    save_file(cast, str(dest / "model.safetensors"))
+    return dest

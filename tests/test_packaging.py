@@ -1,0 +1,19 @@
+"""The wheel carries what runs need besides code: the reference YAMLs and the tiny distilled Eagle3 draft."""
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_wheel_ships_references_and_the_tiny_draft(tmp_path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(tmp_path), str(ROOT)], check=True, capture_output=True, timeout=300)
+    wheel = next(tmp_path.glob("m3bench-*.whl"))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for ref in ("mmlu.yaml", "gsm8k.yaml", "acceptance_length.yaml"):
+        assert f"m3bench/references/{ref}" in names
+    for asset in ("config.json", "model.safetensors", "README.md"):
+        assert f"m3bench/runtime/speculative/assets/tiny-eagle3/{asset}" in names
