@@ -41,6 +41,7 @@ from m3bench.runtime.kv_cache import KVDtype
 from m3bench.runtime.parallel import TPGroup
 
 log = logging.getLogger(__name__)
+STOP_TIMEOUT_S = 10.0  # STOP and the group teardown, before the workers are terminated instead
 
 
 class Driver:
@@ -133,17 +134,17 @@ class Driver:
                 return
             self.closed = True
         graceful = not self.in_step and self.broken is None
+        hung = False
         if graceful:
-            try:
-                send_header(self.groups.control, Op.STOP)
-            except RuntimeError:
-                graceful = False
-        if graceful:
-            destroy_groups(self.groups)
+            graceful, hung = _within(STOP_TIMEOUT_S, self._stop_ranks)
         if self.pool is not None:
-            self.pool.stop(graceful)
-        if not graceful:
+            self.pool.stop(graceful)  # not graceful: terminate, which also ends a collective left hanging
+        if not graceful and not hung:
             _destroy_quietly(self.groups)
+
+    def _stop_ranks(self) -> None:
+        send_header(self.groups.control, Op.STOP)
+        destroy_groups(self.groups)
 
 
 class DriverRunner(ModelRunner):
@@ -207,6 +208,27 @@ def _join_torchrun(world: int, spec: WorkerSpec, rank: int, local_rank: int) -> 
     serve(spec, groups)  # ranks > 0 are workers until rank 0 stops
     destroy_groups(groups)
     raise SystemExit(0)
+
+
+def _within(timeout_s: float, fn: Any) -> tuple[bool, bool]:
+    """Run fn on a daemon thread: (it finished without error, it is still running after timeout_s). Keeps
+    an interrupted process from waiting forever on a STOP its peers cannot hear (e.g. Ctrl-C mid-message)."""
+    done, failed = threading.Event(), []
+
+    def run() -> None:
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 - a failed STOP means: stop the workers the hard way
+            failed.append(e)
+        finally:
+            done.set()
+
+    try:
+        threading.Thread(target=run, name="m3bench-tp-stop", daemon=True).start()
+    except RuntimeError:  # no new threads at interpreter shutdown (atexit, Python >= 3.12): run it here
+        run()
+    finished = done.wait(timeout_s)
+    return finished and not failed, not finished
 
 
 def _destroy_quietly(groups: RankGroups) -> None:

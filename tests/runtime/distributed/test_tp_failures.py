@@ -71,8 +71,11 @@ def test_worker_killed_mid_generate_fails_within_seconds(ckpt):
 
 
 def _start_driver(ckpt: Path) -> tuple[subprocess.Popen, list[int]]:
+    # SIG_DFL: a job started in the background by a shell inherits SIGINT ignored, and Python then installs
+    # no KeyboardInterrupt handler; a terminal's foreground job has the default
     proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(ckpt)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+                            text=True, start_new_session=True, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     line = proc.stdout.readline()
     assert line, proc.stderr.read()
     return proc, [int(p) for p in line.split()]
@@ -82,7 +85,11 @@ def test_ctrl_c_stops_the_workers(ckpt):
     proc, workers = _start_driver(ckpt)
     time.sleep(0.5)  # generating
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
-    _, err = proc.communicate(timeout=30)
+    try:
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:  # do not leave a generating driver behind when the check fails
+            os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode != 0 and "KeyboardInterrupt" in err
     assert _gone_within(workers, 5.0)
 
@@ -109,3 +116,16 @@ def test_a_failed_start_leaves_no_worker(ckpt):
     while multiprocessing.active_children() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not multiprocessing.active_children()
+
+
+def test_a_stop_that_hangs_is_bounded():
+    """Driver.shutdown's graceful STOP runs under a deadline: a hung one is reported as such, not waited on."""
+    import threading
+
+    from m3bench.runtime.distributed.driver import _within
+
+    never = threading.Event()
+    t0 = time.monotonic()
+    assert _within(0.2, never.wait) == (False, True) and time.monotonic() - t0 < 2.0
+    assert _within(2.0, lambda: None) == (True, False)
+    assert _within(2.0, lambda: 1 / 0) == (False, False)
