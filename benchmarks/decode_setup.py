@@ -142,3 +142,32 @@ def set_fast_path(model, on: bool) -> None:
     for layer in model.layers:
         if isinstance(layer.mlp, SparseMoe):
             layer.mlp.kernel_backend = KernelBackend.TRITON if on else KernelBackend.TORCH
+
+
+# ---- the engine of an LLM, run synchronously and with overlap scheduling ---------------------------------
+
+
+def engine_variants(llm, overlap_cls=None) -> dict:
+    """The LLM's engine parts (runner, graphs, pool) behind a synchronous Engine and an OverlapEngine
+    (or `overlap_cls`, a subclass of it)."""
+    from m3bench.runtime.engine import Engine
+    from m3bench.runtime.overlap_engine import OverlapEngine
+
+    e = llm.engine
+    args = (e.runner, e.scheduler, e.sampler, e.tokenizer, tuple(e.eos), e.max_model_len)
+    return {"sync": Engine(*args), "async": (overlap_cls or OverlapEngine)(*args)}
+
+
+def engine_step_ms(outputs) -> float:
+    """Median over requests of the host time between consecutive tokens (one decode step each)."""
+    gaps = [(t[-1] - t[0]) / (len(t) - 1) * 1e3 for t in (o.timings.token_s for o in outputs) if len(t) > 1]
+    return statistics.median(gaps) if gaps else float("nan")
+
+
+def replay_ms(llm, batch: int, dev: torch.device) -> float:
+    """The captured decode graph of the size serving `batch` requests, replayed alone (no host work)."""
+    graphs = llm.engine.runner.graphs
+    if graphs is None:
+        return float("nan")
+    size = next(b for b in graphs.sizes if b >= batch)
+    return median_ms(graphs.graphs[size].replay, dev, 3, 20)

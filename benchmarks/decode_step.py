@@ -48,12 +48,15 @@ from decode_floor import (
 )
 from decode_setup import (
     decode_meta,
+    engine_step_ms,
+    engine_variants,
     fill_random_,
     graphed,
     hf_m3_config,
     median_ms,
     our_config,
     qwen_config,
+    replay_ms,
     sync,
 )
 
@@ -139,10 +142,10 @@ def qwen_ours(plan: Plan, dev: torch.device, tiny: bool) -> dict[int, dict]:
               max_batch_size=bs, max_num_tokens=max(2048, bs * 128), num_kv_blocks=bs * 4 + 8,
               enable_prefix_caching=False, cuda_graphs=dev.type == "cuda")
     out, default = {}, "async" if llm.async_scheduling else "sync"
-    variants = _engine_variants(llm)
+    variants = engine_variants(llm)
     for B in plan.qwen_batches:
         prompts = _prompts(B, 128 if not tiny else 8, cfg.vocab_size)
-        row = {"graph_replay_ms": _replay_ms(llm, B, dev)}
+        row = {"graph_replay_ms": replay_ms(llm, B, dev)}
         for mode, engine in variants.items():
             llm.engine = engine
             llm.generate(prompts, SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
@@ -151,35 +154,10 @@ def qwen_ours(plan: Plan, dev: torch.device, tiny: bool) -> dict[int, dict]:
             res = llm.generate(prompts, SamplingParams(max_tokens=plan.qwen_tokens, ignore_eos=True))
             sync(dev)
             row[f"{mode}_tokens_per_s"] = sum(len(r.token_ids) for r in res) / (time.perf_counter() - t0)
-            row[f"{mode}_step_ms"] = _engine_step_ms(res)
+            row[f"{mode}_step_ms"] = engine_step_ms(res)
         out[B] = {**row, "tokens_per_s": row[f"{default}_tokens_per_s"], "engine_step_ms": row[f"{default}_step_ms"]}
     del llm
     return out
-
-
-def _engine_variants(llm) -> dict:
-    """The LLM's engine parts (runner, graphs, pool) as a synchronous Engine and an OverlapEngine."""
-    from m3bench.runtime.engine import Engine
-    from m3bench.runtime.overlap_engine import OverlapEngine
-
-    e = llm.engine
-    args = (e.runner, e.scheduler, e.sampler, e.tokenizer, tuple(e.eos), e.max_model_len)
-    return {"sync": Engine(*args), "async": OverlapEngine(*args)}
-
-
-def _engine_step_ms(outputs) -> float:
-    """Median over requests of the host time between consecutive tokens (one decode step each)."""
-    gaps = [(t[-1] - t[0]) / (len(t) - 1) * 1e3 for t in (o.timings.token_s for o in outputs) if len(t) > 1]
-    return statistics.median(gaps) if gaps else float("nan")
-
-
-def _replay_ms(llm, B: int, dev: torch.device) -> float:
-    """The captured decode graph of the size serving B requests, replayed alone (no host work)."""
-    graphs = llm.engine.runner.graphs
-    if graphs is None:
-        return float("nan")
-    size = next(b for b in graphs.sizes if b >= B)
-    return median_ms(graphs.graphs[size].replay, dev, 3, 20)
 
 
 def qwen_hf(plan: Plan, dev: torch.device, tiny: bool) -> dict[int, float]:

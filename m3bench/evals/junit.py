@@ -12,13 +12,13 @@ from m3bench.junit import write_junit as write_cases
 def _case(summary: dict[str, Any], model_id: str) -> JUnitCase:
     threshold = summary.get("threshold")
     line = f"{summary['task']} ({summary['protocol']}): {summary['score']:.2f} on n={summary['n']}"
-    case = JUnitCase(f"m3bench.accuracy.{model_id}", summary["task"])
+    cls, name = f"m3bench.accuracy.{model_id}", summary["task"]
     if summary["verdict"] == "fail":
-        return JUnitCase(case.classname, case.name, f"reference {summary['reference']}\ntheta {summary['theta']:.2f}",
+        return JUnitCase(cls, name, f"reference {summary['reference']}\ntheta {summary['theta']:.2f}",
                          failure=f"{line} < threshold {threshold:.2f}", failure_type="AccuracyRegression")
     if summary["verdict"] == "no_reference":
-        return JUnitCase(case.classname, case.name, skipped=f"{line}; not gated (--no-reference)")
-    return JUnitCase(case.classname, case.name, f"{line} >= threshold {threshold:.2f}")
+        return JUnitCase(cls, name, skipped=f"{line}; not gated (--no-reference)")
+    return JUnitCase(cls, name, f"{line} >= threshold {threshold:.2f}")
 
 
 def write_junit(path: Path, summaries: Sequence[dict[str, Any]], model_id: str) -> Path:

@@ -3,10 +3,10 @@
 import asyncio
 import json
 import random
-import threading
 import time
 
 import pytest
+from server_thread import serving
 
 openai = pytest.importorskip("openai")
 aiohttp = pytest.importorskip("aiohttp")
@@ -17,7 +17,7 @@ KEY = "test-key"
 @pytest.fixture(scope="module", params=[False, True], ids=["sync", "overlap"])
 def served(tmp_path_factory, request):
     from m3bench.bench.engine_options import EngineOptions
-    from m3bench.bench.server import ServerConfig, create_app, uvicorn_server
+    from m3bench.bench.server import ServerConfig
     from m3bench.runtime.async_llm import AsyncLLM
     from m3bench.runtime.tiny import write_tiny_checkpoint
 
@@ -26,16 +26,8 @@ def served(tmp_path_factory, request):
     assert llm.async_scheduling is request.param
     engine = AsyncLLM(llm)
     cfg = ServerConfig("tiny", llm.max_model_len, KEY)
-    server = uvicorn_server(create_app(engine, cfg), "127.0.0.1", 0)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield {"url": f"http://127.0.0.1:{port}", "engine": engine, "cfg": cfg, "tok": llm.tokenizer}
-    server.should_exit = True
-    thread.join(timeout=20)
+    with serving(engine, cfg) as url:
+        yield {"url": url, "engine": engine, "cfg": cfg, "tok": llm.tokenizer}
     engine.shutdown()
 
 

@@ -1,10 +1,8 @@
 """`m3bench serve` /v1/completions with echo + logprobs (vLLM's prompt logprobs), through the openai client."""
 
-import threading
-import time
-
 import pytest
 import torch
+from server_thread import serving
 
 openai = pytest.importorskip("openai")
 
@@ -12,23 +10,15 @@ openai = pytest.importorskip("openai")
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     from m3bench.bench.engine_options import EngineOptions
-    from m3bench.bench.server import ServerConfig, create_app, uvicorn_server
+    from m3bench.bench.server import ServerConfig
     from m3bench.runtime.async_llm import AsyncLLM
     from m3bench.runtime.tiny import write_tiny_checkpoint
 
     ckpt = write_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), seed=0)
     llm = EngineOptions(str(ckpt), num_kv_blocks=24, max_batch_size=8, max_num_tokens=16).build()  # chunked prefill
     engine = AsyncLLM(llm)
-    server = uvicorn_server(create_app(engine, ServerConfig("tiny", llm.max_model_len)), "127.0.0.1", 0)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield {"url": f"http://127.0.0.1:{port}", "llm": llm}
-    server.should_exit = True
-    thread.join(timeout=20)
+    with serving(engine, ServerConfig("tiny", llm.max_model_len)) as url:
+        yield {"url": url, "llm": llm}
     engine.shutdown()
 
 

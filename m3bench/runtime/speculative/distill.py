@@ -72,9 +72,9 @@ def capture_features(model, sequences: list[list[int]], layers: tuple[int, ...],
     for i, seq in enumerate(sequences):
         n = len(seq)
         meta = build_attn_metadata([n], [n], [list(range(pages))], page, dev)
-        hidden = model(torch.tensor(seq, dtype=torch.int64, device=dev), meta.positions, meta, kv,
-                       CaptureSpec(layers, buf))
-        ids[i, :n] = labels[i, :n] = torch.tensor(seq, device=dev)
+        row = torch.tensor(seq, dtype=torch.int64, device=dev)
+        hidden = model(row, meta.positions, meta, kv, CaptureSpec(layers, buf))
+        ids[i, :n] = labels[i, :n] = row
         labels[i, :prompt_lens[i]] = IGNORE
         feats[i, :n] = buf[:n].float()
         if logits is not None:
