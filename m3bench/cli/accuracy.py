@@ -20,7 +20,9 @@ from typing import Any, Optional
 
 import typer
 
+from m3bench.cli import validate
 from m3bench.cli.errors import EXIT_OK, EXIT_REGRESSION, M3BenchError, user_errors
+from m3bench.cli.out_lock import out_lock
 
 TINY_MODEL_ID = "m3bench/tiny-m3"
 KV_QUANT_ALGO = {"fp8": "FP8", "nvfp4": "NVFP4", "hybrid": "HYBRID"}  # others: not quantized (None)
@@ -140,10 +142,34 @@ def register(app: typer.Typer) -> None:
 
 @user_errors
 def _run(opts: Options) -> int:
-    if opts.model is None:
-        return _smoke(opts)
-    plans = [_plan(opts, name, opts.limit, opts.num_fewshot, opts.max_tokens) for name in opts.tasks]
-    return _run_plans(opts, plans)
+    check_options(opts)
+    with out_lock(opts.out, "accuracy"):  # one run per --out: a second one refuses (exit 2)
+        if opts.model is None:
+            return _smoke(opts)
+        plans = [_plan(opts, name, opts.limit, opts.num_fewshot, opts.max_tokens) for name in opts.tasks]
+        return _run_plans(opts, plans)
+
+
+def check_options(opts: Options) -> None:
+    """Inputs that can be judged before any model loads: paths, counts, contradicting flags."""
+    from m3bench.evals.datasets import check_data_dir, resolve_data_dir
+
+    if opts.reference is not None and opts.no_reference:
+        raise M3BenchError("--reference and --no-reference contradict each other: give one")
+    if opts.reference is not None:
+        validate.text_file(opts.reference, "--reference")
+    validate.out_directory(opts.out, "--out")
+    if opts.junit is not None:
+        validate.output_file(opts.junit, "--junit")
+    data_dir = resolve_data_dir(opts.data_dir)
+    if data_dir is not None:
+        check_data_dir(data_dir)
+    for flag, value in (("--max-tokens", opts.max_tokens), ("--draft-len", opts.draft_len),
+                        ("--max-batch-size", opts.max_batch_size)):
+        if value is not None and value < 1:
+            raise M3BenchError(f"{flag} must be >= 1, got {value}")
+    if opts.model is not None and opts.backend is not BackendKind.OPENAI and not Path(opts.model).is_dir():
+        raise M3BenchError(f"--model {opts.model} is not a directory (the {opts.backend.value} backend loads a checkpoint)")
 
 
 def _smoke(opts: Options) -> int:
