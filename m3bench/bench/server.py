@@ -57,7 +57,7 @@ class ServerConfig:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # "yes" is not a bool, "5" not an int
 
 
 class StreamOptions(_Strict):

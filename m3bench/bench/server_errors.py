@@ -87,8 +87,8 @@ def parse_json_body(raw: bytes) -> Any:
     """The body as JSON, or a 400: not JSON, not UTF-8, or nested deeper than MAX_JSON_DEPTH."""
     try:
         body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ApiError(400, f"body is not JSON: {e}") from e
+    except (ValueError, UnicodeDecodeError) as e:  # not JSON, or an integer of more than 4,300 digits
+        raise ApiError(400, f"body is not JSON: {str(e)[:200]}") from None
     except RecursionError:
         raise ApiError(400, f"body nested deeper than {MAX_JSON_DEPTH} levels") from None
     if json_depth(body, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:

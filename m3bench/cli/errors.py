@@ -16,7 +16,7 @@ import traceback
 from pathlib import Path
 from typing import Callable, TypeVar
 
-import click
+import typer
 from typer.core import TyperGroup
 
 from m3bench.runtime.errors import InputError
@@ -94,13 +94,13 @@ def internal_error(exc: BaseException) -> None:
     raise SystemExit(EXIT_INTERNAL)
 
 
-PASS_THROUGH = (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort, SystemExit)
+PASS_THROUGH = (typer.TyperException, typer.Exit, typer.Abort, SystemExit)  # usage errors, --help, exits
 
 
 class GuardedGroup(TyperGroup):
     """The root click group: every command's exceptions end as exit 2 (input), 3 (internal) or 130 (Ctrl-C)."""
 
-    def invoke(self, ctx: click.Context):
+    def invoke(self, ctx: typer.Context):
         try:
             return super().invoke(ctx)
         except PASS_THROUGH:

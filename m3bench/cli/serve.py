@@ -56,7 +56,6 @@ def serve(
 ) -> None:
     """Serve a checkpoint over an OpenAI-compatible API (completions, chat, models, health, metrics)."""
     log_level = validate.log_level(log_level)
-    validate.bind_address(host, port)  # before the model loads: a bad --host / busy --port is exit 2 at once
     if not model.is_dir():
         raise M3BenchError(f"--model {model} is not a directory")
     from m3bench.bench.engine_options import EngineOptions
@@ -67,6 +66,7 @@ def serve(
                          num_kv_blocks, gpu_memory_utilization, seed, synthetic_acceptance,
                          draft_dir=None if draft is None else str(draft), draft_len=draft_len, draft_kv=draft_kv,
                          cuda_graphs=cuda_graphs, async_scheduling=async_scheduling)
+    validate.bind_address(host, port)  # before the model loads: a bad --host / busy --port is exit 2 at once
     llm = opts.build()
     engine = AsyncLLM(llm)
     cfg = ServerConfig(served_model_name or model.resolve().name, llm.max_model_len, api_key or None)
