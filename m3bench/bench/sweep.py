@@ -465,8 +465,8 @@ def load_results(path: Path) -> list[dict]:
     if not path.is_file():
         raise InputError(f"--baseline: no results at {path}")
     try:
-        return list(json.loads(path.read_text())["points"])
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        return list(json.loads(path.read_text(encoding="utf-8"))["points"])
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
         raise InputError(f"--baseline {path}: not a sweep results.json ({e})") from e
 
 

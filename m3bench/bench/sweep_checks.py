@@ -1,6 +1,7 @@
 """Checks a sweep makes before measuring anything: lengths against the context, the target reachable.
 
     check_lengths(cfg, max_model_len)               # every (ISL, OSL) at its longest fits, else InputError
+    check_output_lengths(cfg)                       # every output has >= 2 tokens (TPOT is defined)
     max_len = probe_server(base_url, api_key)       # GET /v1/models: InputError when unreachable or refused
 """
 
@@ -24,6 +25,14 @@ def check_lengths(cfg: Any, max_model_len: int | None) -> None:
         if longest_in + longest_out > max_model_len:
             raise InputError(f"--isl {isl} / --osl {osl} (up to {longest_in} + {longest_out} tokens with the length "
                              f"range) exceed the model's context of {max_model_len} tokens")
+
+
+def check_output_lengths(cfg: Any) -> None:
+    """Every request of a point asks for >= 2 output tokens: TPOT (E2EL - TTFT) / (n - 1) needs two."""
+    for _, osl in cfg.lengths:
+        shortest = cfg.length_range.bounds(osl)[0]
+        if shortest < 2:
+            raise InputError(f"--osl {osl} draws outputs of {shortest} token(s): TPOT needs at least 2 output tokens")
 
 
 def probe_server(base_url: str, api_key: str | None, timeout_s: float = PROBE_TIMEOUT_S) -> int | None:

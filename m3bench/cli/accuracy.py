@@ -152,18 +152,7 @@ def _run(opts: Options) -> int:
 
 def check_options(opts: Options) -> None:
     """Inputs that can be judged before any model loads: paths, counts, contradicting flags."""
-    from m3bench.evals.datasets import check_data_dir, resolve_data_dir
-
-    if opts.reference is not None and opts.no_reference:
-        raise M3BenchError("--reference and --no-reference contradict each other: give one")
-    if opts.reference is not None:
-        validate.text_file(opts.reference, "--reference")
-    validate.out_directory(opts.out, "--out")
-    if opts.junit is not None:
-        validate.output_file(opts.junit, "--junit")
-    data_dir = resolve_data_dir(opts.data_dir)
-    if data_dir is not None:
-        check_data_dir(data_dir)
+    validate.run_paths(opts.out, opts.junit, opts.reference, opts.no_reference, opts.data_dir)
     for flag, value in (("--max-tokens", opts.max_tokens), ("--draft-len", opts.draft_len),
                         ("--max-batch-size", opts.max_batch_size)):
         if value is not None and value < 1:

@@ -167,9 +167,10 @@ def _check_before_work(cfg, model: Path | None, baseline: Path | None, junit: Pa
                        max_regression: float | None) -> None:
     """Paths, the baseline, the target and the lengths against the context: refused before any point runs."""
     from m3bench.bench.sweep import load_results
-    from m3bench.bench.sweep_checks import check_lengths, probe_server
+    from m3bench.bench.sweep_checks import check_lengths, check_output_lengths, probe_server
 
     cfg.check()
+    check_output_lengths(cfg)
     validate.out_directory(cfg.out_dir, "--out")
     if junit is not None:
         validate.output_file(junit, "--junit")

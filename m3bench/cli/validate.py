@@ -96,6 +96,22 @@ def bind_address(host: str, port: int) -> None:
             raise M3BenchError(f"cannot bind {host}:{port}: {e.strerror}") from None
 
 
+def run_paths(out: Path, junit: Path | None, reference: Path | None, no_reference: bool, data_dir: Path | None) -> None:
+    """The paths of a gated evaluation run (accuracy, accept): checked before any model loads."""
+    from m3bench.evals.datasets import check_data_dir, resolve_data_dir
+
+    if reference is not None and no_reference:
+        raise M3BenchError("--reference and --no-reference contradict each other: give one")
+    if reference is not None:
+        text_file(reference, "--reference")
+    out_directory(out, "--out")
+    if junit is not None:
+        output_file(junit, "--junit")
+    named = resolve_data_dir(data_dir)
+    if named is not None:
+        check_data_dir(named)
+
+
 def context_fits(prompt_len: int, max_tokens: int, max_model_len: int, what: str = "prompt") -> None:
     """The prompt plus the tokens asked for fit the model's context."""
     if prompt_len + max_tokens > max_model_len:
