@@ -171,12 +171,13 @@ def _smoke(opts: Options) -> int:
 
 def _run_plans(opts: Options, plans: list) -> int:
     from m3bench.evals.protocols import get_protocol
-    from m3bench.evals.runner import resolve_reference
+    from m3bench.evals.runner import load_splits, resolve_reference
 
     if not plans:
         raise M3BenchError("--task names no task")
-    for plan in plans:  # a missing or malformed reference is exit 2 before the model loads
+    for plan in plans:  # a missing or malformed reference, or bad data, is exit 2 before the model loads
         resolve_reference(plan, get_protocol(plan.task))
+        load_splits(get_protocol(plan.task), plan.settings, plan.data_dir)
     backend = _backend(opts)
     try:
         summaries = [_run_one(plan, backend, opts) for plan in plans]
