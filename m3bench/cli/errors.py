@@ -29,6 +29,7 @@ EXIT_USAGE = 2
 EXIT_INTERNAL = 3
 EXIT_INTERRUPTED = 130
 LOG_DIR_ENV = "M3BENCH_LOG_DIR"
+PATH_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
 
 
 class M3BenchError(InputError):
@@ -56,7 +57,7 @@ def user_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except InputError as e:
             fail(str(e))
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError) as e:
+        except PATH_ERRORS as e:
             fail(f"{e.strerror}: {e.filename}")
 
     return wrapper  # type: ignore[return-value]
@@ -110,5 +111,7 @@ class GuardedGroup(TyperGroup):
             raise SystemExit(EXIT_INTERRUPTED) from None
         except InputError as e:
             fail(str(e))
+        except PATH_ERRORS as e:  # a path the user gave (as in user_errors)
+            fail(f"{e.strerror}: {e.filename}")
         except Exception as e:  # noqa: BLE001 - the one place internal errors are turned into exit 3
             internal_error(e)

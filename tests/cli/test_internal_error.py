@@ -65,3 +65,12 @@ def test_input_error_outside_user_errors_is_exit_2(tmp_path, monkeypatch):
     monkeypatch.setattr("m3bench.cli.generate.run_generate", bad)
     res = CliRunner().invoke(app, ["generate", "--model", "m", "--prompt", "x"], env={"M3BENCH_LOG_DIR": str(tmp_path)})
     assert res.exit_code == 2 and res.output.strip() == "m3bench: error: config.json: hidden_size must be an integer"
+
+
+def test_ctrl_c_is_exit_130_without_traceback(tmp_path, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("m3bench.cli.generate.run_generate", interrupted)
+    res = CliRunner().invoke(app, ["generate", "--model", "m", "--prompt", "x"], env={"M3BENCH_LOG_DIR": str(tmp_path)})
+    assert res.exit_code == 130 and res.output.strip() == "m3bench: interrupted"
