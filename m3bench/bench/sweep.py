@@ -33,7 +33,10 @@ import numpy as np
 
 from m3bench.bench.client import EngineTarget, LoadResult, OpenAITarget, measure_client_overhead, run_load
 from m3bench.bench.metrics import EmptySampleError, compute_metrics
+from m3bench.bench.child_process import start_child, stop_child
 from m3bench.bench.records import Slo, SpecCounters, write_records
+from m3bench.strict_json import dumps_strict
+from m3bench.bench.sweep_checks import check_lengths, probe_server
 from m3bench.bench.engine_options import EngineOptions
 from m3bench.bench.workload import (DatasetKind, LengthRange, WorkloadPrompt, dataset_prompts, random_prompts)
 from m3bench.runtime.errors import InputError
@@ -213,7 +216,7 @@ def _save(cfg: SweepConfig, key: PointKey, result: LoadResult, row: dict) -> Non
     path.parent.mkdir(parents=True, exist_ok=True)
     write_records(path.with_suffix(".records.jsonl"), result.records)
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(row, indent=1, default=_json_default))
+    tmp.write_text(dumps_strict(row, indent=1, default=_json_default))
     os.replace(tmp, path)  # a point is done only once its whole file is there
 
 
@@ -221,14 +224,19 @@ def _load_done(cfg: SweepConfig, key: PointKey) -> dict | None:
     path = _point_path(cfg, key)
     if not path.is_file():
         return None
-    row = json.loads(path.read_text())
+    try:
+        row = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:  # cut short or damaged: measure the point again
+        print(f"m3bench: {path} is not valid JSON ({e}): measuring {key.name} again", file=sys.stderr)
+        return None
+    if not isinstance(row, dict) or any(k not in row for k in KEY_FIELDS):
+        print(f"m3bench: {path} is not a sweep point: measuring {key.name} again", file=sys.stderr)
+        return None
     same = row.get("fingerprint") == fingerprint(cfg, key)
     return row if same and "error" not in row else None  # failed or stale points run again
 
 
 def _json_default(x: Any) -> Any:
-    if isinstance(x, float) and not math.isfinite(x):
-        return str(x)
     if isinstance(x, (np.floating, np.integer)):
         return x.item()
     raise TypeError(f"not JSON: {type(x).__name__}")
@@ -259,6 +267,11 @@ async def _inprocess(cfg: SweepConfig, tp: int):
     from m3bench.runtime.async_llm import AsyncLLM
 
     llm = replace(cfg.engine, tensor_parallel_size=tp).build()  # TP > 1: worker processes until shutdown
+    try:
+        check_lengths(cfg, llm.max_model_len)
+    except InputError:
+        llm.shutdown()
+        raise
     engine = AsyncLLM(llm)
 
     async def scrape() -> SpecCounters | None:
@@ -283,6 +296,7 @@ async def _served(cfg: SweepConfig):
     target = OpenAITarget(base_url, "m3bench-sweep", cfg.api_key, token_ids_ext=True)
     try:
         await wait_healthy(base_url, proc)
+        check_lengths(cfg, probe_server(base_url, cfg.api_key))
         yield target, _tokenizer(cfg.tokenizer or cfg.engine.model_dir), lambda: scrape_metrics(base_url, cfg.api_key)
     finally:
         await target.close()
@@ -311,7 +325,7 @@ def start_server(opts: EngineOptions, port: int, api_key: str | None) -> subproc
     cmd = [sys.executable, "-m", "m3bench", "serve", *opts.cli_args(), "--port", str(port),
            "--served-model-name", "m3bench-sweep"]
     env = dict(os.environ, **({"M3BENCH_API_KEY": api_key} if api_key else {}))
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
+    return start_child(cmd, env)  # dies with the sweep (own process group, parent-death signal)
 
 
 async def wait_healthy(base_url: str, proc: subprocess.Popen, timeout_s: float = SERVER_START_TIMEOUT_S) -> None:
@@ -333,13 +347,7 @@ async def wait_healthy(base_url: str, proc: subprocess.Popen, timeout_s: float =
 
 
 def stop_server(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    stop_child(proc)
 
 
 _SPEC_RE = re.compile(r'^(?:m3bench|vllm):spec_decode_num_(drafts|draft_tokens|accepted_tokens|accepted_tokens_per_pos)'
@@ -440,6 +448,8 @@ def compare(current: Sequence[dict], baseline: Sequence[dict], max_regression_pc
         if key not in base or "error" in row:
             continue
         for metric in GATED:
+            if not (_is_number(base[key].get(metric)) and _is_number(row.get(metric))):
+                continue  # written as null (not finite): nothing to compare
             old, new = float(base[key][metric]), float(row[metric])
             change = 100.0 * (new - old) / old
             spread = max(float(row.get(f"{metric}_spread_pct", 0.0)), float(base[key].get(f"{metric}_spread_pct", 0.0)))
@@ -455,8 +465,8 @@ def load_results(path: Path) -> list[dict]:
     if not path.is_file():
         raise InputError(f"--baseline: no results at {path}")
     try:
-        return list(json.loads(path.read_text())["points"])
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        return list(json.loads(path.read_text(encoding="utf-8"))["points"])
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
         raise InputError(f"--baseline {path}: not a sweep results.json ({e})") from e
 
 
@@ -470,7 +480,7 @@ def write_results(out_dir: Path, rows: Sequence[dict], frontier_rows: Sequence[d
     doc = {"config": config, "points": list(rows),
            "frontier": [{k: r[k] for k in KEY_FIELDS} for r in frontier_rows],
            "changes": [asdict(c) for c in changes]}
-    (out_dir / "results.json").write_text(json.dumps(doc, indent=1, default=_json_default))
+    (out_dir / "results.json").write_text(dumps_strict(doc, indent=1, default=_json_default))
     df = pd.DataFrame(list(rows))
     df["on_frontier"] = [any(all(r[k] == f[k] for k in KEY_FIELDS) for f in frontier_rows) for r in rows]
     df.to_csv(out_dir / "results.csv", index=False)

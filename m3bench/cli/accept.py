@@ -18,7 +18,9 @@ from typing import Any, Optional
 
 import typer
 
+from m3bench.cli import validate
 from m3bench.cli.errors import EXIT_OK, EXIT_REGRESSION, M3BenchError, user_errors
+from m3bench.cli.out_lock import out_lock
 
 HELP = {
     "model": "Target checkpoint directory. None: smoke run (tiny checkpoint, shipped draft, golden reference).",
@@ -76,9 +78,13 @@ def register(app: typer.Typer) -> None:
 def _run(o: dict[str, Any]) -> int:
     from m3bench.evals.acceptance import resolve_reference, run_acceptance
 
+    validate.run_paths(o["out"], o["junit"], o["reference"], o["no_reference"], o["data_dir"])
+    for flag in ("temperature", "synthetic_acceptance"):
+        validate.finite(o[flag], f"--{flag.replace('_', '-')}")
     plan = _plan(o)
     resolve_reference(plan)  # exit 2 before the model loads
-    summary, paths = run_acceptance(plan, progress=o["progress"])
+    with out_lock(o["out"], "accept"):
+        summary, paths = run_acceptance(plan, progress=o["progress"])
     print(json.dumps(summary, indent=2, default=str))
     print_table(summary)
     if o["junit"] is not None:

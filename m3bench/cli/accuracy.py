@@ -20,7 +20,9 @@ from typing import Any, Optional
 
 import typer
 
+from m3bench.cli import validate
 from m3bench.cli.errors import EXIT_OK, EXIT_REGRESSION, M3BenchError, user_errors
+from m3bench.cli.out_lock import out_lock
 
 TINY_MODEL_ID = "m3bench/tiny-m3"
 KV_QUANT_ALGO = {"fp8": "FP8", "nvfp4": "NVFP4", "hybrid": "HYBRID"}  # others: not quantized (None)
@@ -140,10 +142,23 @@ def register(app: typer.Typer) -> None:
 
 @user_errors
 def _run(opts: Options) -> int:
-    if opts.model is None:
-        return _smoke(opts)
-    plans = [_plan(opts, name, opts.limit, opts.num_fewshot, opts.max_tokens) for name in opts.tasks]
-    return _run_plans(opts, plans)
+    check_options(opts)
+    with out_lock(opts.out, "accuracy"):  # one run per --out: a second one refuses (exit 2)
+        if opts.model is None:
+            return _smoke(opts)
+        plans = [_plan(opts, name, opts.limit, opts.num_fewshot, opts.max_tokens) for name in opts.tasks]
+        return _run_plans(opts, plans)
+
+
+def check_options(opts: Options) -> None:
+    """Inputs that can be judged before any model loads: paths, counts, contradicting flags."""
+    validate.run_paths(opts.out, opts.junit, opts.reference, opts.no_reference, opts.data_dir)
+    for flag, value in (("--max-tokens", opts.max_tokens), ("--draft-len", opts.draft_len),
+                        ("--max-batch-size", opts.max_batch_size)):
+        if value is not None and value < 1:
+            raise M3BenchError(f"{flag} must be >= 1, got {value}")
+    if opts.model is not None and opts.backend is not BackendKind.OPENAI and not Path(opts.model).is_dir():
+        raise M3BenchError(f"--model {opts.model} is not a directory (the {opts.backend.value} backend loads a checkpoint)")
 
 
 def _smoke(opts: Options) -> int:
@@ -156,12 +171,13 @@ def _smoke(opts: Options) -> int:
 
 def _run_plans(opts: Options, plans: list) -> int:
     from m3bench.evals.protocols import get_protocol
-    from m3bench.evals.runner import resolve_reference
+    from m3bench.evals.runner import load_splits, resolve_reference
 
     if not plans:
         raise M3BenchError("--task names no task")
-    for plan in plans:  # a missing or malformed reference is exit 2 before the model loads
+    for plan in plans:  # a missing or malformed reference, or bad data, is exit 2 before the model loads
         resolve_reference(plan, get_protocol(plan.task))
+        load_splits(get_protocol(plan.task), plan.settings, plan.data_dir)
     backend = _backend(opts)
     try:
         summaries = [_run_one(plan, backend, opts) for plan in plans]

@@ -19,6 +19,7 @@ from typing import Optional
 
 import typer
 
+from m3bench.cli import validate
 from m3bench.cli.errors import M3BenchError, user_errors
 
 
@@ -87,6 +88,8 @@ def run_generate(model: Path, prompt, prompt_ids, chat: bool, max_tokens: int, t
                  tokens_per_block: int, device: str, dtype: DtypeChoice, draft: Path | None = None, draft_len: int = 3,
                  draft_kv: DraftKVChoice = DraftKVChoice.SEPARATE, tp: int = 1) -> None:
     prompts = _prompts(prompt or [], prompt_ids or [], chat)
+    validate.finite(temperature, "--temperature")
+    validate.finite(top_p, "--top-p")
     if not model.is_dir():
         raise M3BenchError(f"model directory {model} does not exist")
     from m3bench.runtime.llm import LLM, SamplingParams
@@ -96,6 +99,7 @@ def run_generate(model: Path, prompt, prompt_ids, chat: bool, max_tokens: int, t
               tensor_parallel_size=tp, **_spec_kwargs(draft, draft_len, draft_kv))
     if chat:
         prompts = [llm.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
+    _check_against_model(llm, prompts, max_tokens, logprobs)
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                             logprobs=logprobs or 0)
     for out in llm.generate(prompts, params):
@@ -103,6 +107,16 @@ def run_generate(model: Path, prompt, prompt_ids, chat: bool, max_tokens: int, t
     if draft is not None:
         _print_acceptance(llm)
     llm.shutdown()  # tensor-parallel workers (also stopped at exit, or on an error)
+
+
+def _check_against_model(llm, prompts: list, max_tokens: int, logprobs: int | None) -> None:
+    """--logprobs within the vocabulary, each prompt plus --max-tokens within the context (before any step)."""
+    vocab = llm.config.vocab_size
+    if logprobs is not None and logprobs > vocab:
+        raise M3BenchError(f"--logprobs {logprobs} exceeds the vocabulary of {vocab} tokens")
+    for p in prompts:
+        n = len(p) if isinstance(p, list) else len(llm.tokenizer.encode(p)) if llm.tokenizer is not None else 1
+        validate.context_fits(n, max_tokens, llm.max_model_len)
 
 
 def _spec_kwargs(draft: Path | None, draft_len: int, draft_kv: DraftKVChoice) -> dict:
@@ -133,6 +147,8 @@ def _prompts(texts: list[str], id_lists: list[str], chat: bool) -> list:
         raise M3BenchError("give at least one --prompt or --prompt-ids")
     if chat and id_lists:
         raise M3BenchError("--chat applies to --prompt text, not --prompt-ids")
+    if any(not t for t in texts):
+        raise M3BenchError("--prompt is empty: give some text")
     return [*texts, *(parse_prompt_ids(s) for s in id_lists)]
 
 

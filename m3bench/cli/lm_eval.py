@@ -19,6 +19,7 @@ from typing import Any, Optional
 
 import typer
 
+from m3bench.cli import validate
 from m3bench.cli.errors import M3BenchError, user_errors
 
 
@@ -78,6 +79,17 @@ def run_lm_eval(run: LmEvalRun) -> dict[str, Any]:
     return results
 
 
+def check_numbers(limit: float | None, batch_size: int, max_num_tokens: int, num_fewshot: int | None) -> None:
+    """Counts that lm-eval or the engine would only trip over after the model loaded."""
+    validate.finite(limit, "--limit")
+    _limit(limit)
+    for flag, value in (("--batch-size", batch_size), ("--max-num-tokens", max_num_tokens)):
+        if value < 1:
+            raise M3BenchError(f"{flag} must be >= 1, got {value}")
+    if num_fewshot is not None and num_fewshot < 0:
+        raise M3BenchError(f"--num-fewshot must be >= 0, got {num_fewshot}")
+
+
 def _limit(limit: float | None) -> int | float | None:
     """lm-eval reads a limit below 1 as a fraction of each task, from 1 on as a count."""
     if limit is not None and limit <= 0:
@@ -130,6 +142,9 @@ def register(app: typer.Typer) -> None:
             raise M3BenchError("--log-samples needs --output-path")
         if not model.is_dir():
             raise M3BenchError(f"model directory not found: {model}")
+        check_numbers(limit, batch_size, max_num_tokens, num_fewshot)
+        if output_path is not None:
+            validate.out_directory(output_path, "--output-path")
         run = LmEvalRun(model, parse_tasks(tasks), limit, num_fewshot, batch_size, device, dtype, kv_cache_dtype,
                         max_num_tokens, include_path, apply_chat_template, log_samples, seed)
         write_outputs(run_lm_eval(run), output_path)

@@ -18,7 +18,8 @@ from typing import Optional
 import typer
 
 from m3bench.cli.engine_flags import ASYNC_HELP, CUDA_GRAPHS_HELP
-from m3bench.cli.errors import user_errors
+from m3bench.cli import validate
+from m3bench.cli.errors import M3BenchError, user_errors
 
 
 def register(app: typer.Typer) -> None:
@@ -54,6 +55,9 @@ def serve(
     log_level: str = typer.Option("warning", "--log-level"),
 ) -> None:
     """Serve a checkpoint over an OpenAI-compatible API (completions, chat, models, health, metrics)."""
+    log_level = validate.log_level(log_level)
+    if not model.is_dir():
+        raise M3BenchError(f"--model {model} is not a directory")
     from m3bench.bench.engine_options import EngineOptions
     from m3bench.bench.server import ServerConfig, create_app, uvicorn_server
     from m3bench.runtime.async_llm import AsyncLLM
@@ -62,6 +66,7 @@ def serve(
                          num_kv_blocks, gpu_memory_utilization, seed, synthetic_acceptance,
                          draft_dir=None if draft is None else str(draft), draft_len=draft_len, draft_kv=draft_kv,
                          cuda_graphs=cuda_graphs, async_scheduling=async_scheduling)
+    validate.bind_address(host, port)  # before the model loads: a bad --host / busy --port is exit 2 at once
     llm = opts.build()
     engine = AsyncLLM(llm)
     cfg = ServerConfig(served_model_name or model.resolve().name, llm.max_model_len, api_key or None)

@@ -21,7 +21,9 @@ from typing import Optional
 import typer
 
 from m3bench.cli.engine_flags import ASYNC_HELP, CUDA_GRAPHS_HELP
+from m3bench.cli import validate
 from m3bench.cli.errors import EXIT_REGRESSION, M3BenchError, user_errors
+from m3bench.cli.out_lock import out_lock
 
 
 def register(app: typer.Typer) -> None:
@@ -153,9 +155,49 @@ def sweep(
                       dataset=kind, dataset_path=path, target=target, base_url=base_url, api_key=api_key,
                       served_model=served_model_name, tokenizer=str(tokenizer or model) if (tokenizer or model) else None,
                       repeats=repeats, request_rate=request_rate, burstiness=burstiness, seed=seed, slo=slo)
-    rows = run_sweep(cfg, on_point=_progress)
-    if _finish(cfg, rows, baseline, max_regression, junit):
+    _check_before_work(cfg, model, baseline, junit, max_regression)
+    with out_lock(out, "sweep"):
+        rows = run_sweep(cfg, on_point=_progress)
+        regressed = _finish(cfg, rows, baseline, max_regression, junit)
+    if regressed:
         raise typer.Exit(EXIT_REGRESSION)
+
+
+def _check_before_work(cfg, model: Path | None, baseline: Path | None, junit: Path | None,
+                       max_regression: float | None) -> None:
+    """Paths, the baseline, the target and the lengths against the context: refused before any point runs."""
+    from m3bench.bench.sweep import load_results
+    from m3bench.bench.sweep_checks import check_lengths, check_output_lengths, probe_server
+
+    cfg.check()
+    check_output_lengths(cfg)
+    validate.out_directory(cfg.out_dir, "--out")
+    if junit is not None:
+        validate.output_file(junit, "--junit")
+    if baseline is not None:
+        load_results(baseline)
+    for flag, value in (("--request-rate", None if cfg.request_rate == math.inf else cfg.request_rate),
+                        ("--burstiness", cfg.burstiness), ("--max-regression", max_regression)):
+        validate.finite(value, flag)
+    if cfg.request_rate <= 0 or cfg.burstiness <= 0:
+        raise M3BenchError("--request-rate and --burstiness must be > 0")
+    if model is not None and cfg.engine is not None and not model.is_dir():
+        raise M3BenchError(f"--model {model} is not a directory")
+    if cfg.base_url:
+        check_lengths(cfg, probe_server(cfg.base_url, cfg.api_key))
+    elif model is not None:
+        check_lengths(cfg, _max_positions(model))
+
+
+def _max_positions(model: Path) -> int | None:
+    """config.json's max_position_embeddings (an upper bound of the context), None when not readable."""
+    import json
+
+    try:
+        value = json.loads((model / "config.json").read_text(encoding="utf-8")).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _progress(row: dict) -> None:

@@ -335,7 +335,10 @@ class LLM:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise InputError("text prompts need a tokenizer (this model directory has none); pass token ids")
-            return list(self.tokenizer.encode(prompt))
+            ids = list(self.tokenizer.encode(prompt))
+            if not ids:
+                raise InputError("empty prompt: its text encodes to no tokens")
+            return ids
         ids = [int(t) for t in prompt]
         if not ids:
             raise InputError("empty prompt")

@@ -32,6 +32,8 @@ def test_exit_codes_and_junit(tiny, tmp_path):
     case = ET.parse(junit).getroot().find("testsuite/testcase")
     assert case.get("name") == "gsm8k" and case.find("failure") is not None
 
+    (tmp_path / "empty" / "gsm8k").mkdir(parents=True)  # a test split but no train split for the 5 shots
+    (tmp_path / "empty" / "gsm8k" / "test.jsonl").write_text((SHARED / "gsm8k" / "test.jsonl").read_text())
     no_train = subprocess.run(accuracy_cmd(tiny, tmp_path / "out", "--task", "gsm8k", "--no-reference", "--data-dir", str(tmp_path / "empty")),
                               env={**accuracy_env(tmp_path), "M3BENCH_DATA": ""}, capture_output=True, text=True, timeout=300)
     assert no_train.returncode == 2 and "needs the train split" in no_train.stderr
