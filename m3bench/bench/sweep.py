@@ -314,13 +314,7 @@ async def _inprocess(cfg: SweepConfig, tp: int):
 
     llm = replace(cfg.engine, tensor_parallel_size=tp).build()  # TP > 1: worker processes until shutdown
     engine = AsyncLLM(llm)
-
-    async def scrape() -> EngineCounters:
-        s = await engine.stats()
-        return EngineCounters(SpecCounters(s.spec_drafts, s.spec_draft_tokens, s.spec_accepted_tokens,
-                                           s.spec_accepted_per_pos),
-                              PrefixCounters(s.prefix_queried_tokens, s.prefix_hit_tokens), s.page_tokens)
-
+    scrape = engine_scraper(engine)
     try:
         tokenizer = _tokenizer(cfg.tokenizer) if cfg.tokenizer else llm.tokenizer
         if tokenizer is None:  # prompts are drawn from a tokenizer's ids (any tokenizer: its vocab may be smaller)
@@ -329,6 +323,18 @@ async def _inprocess(cfg: SweepConfig, tp: int):
     finally:
         engine.shutdown()
         llm.shutdown()  # stops tensor-parallel workers before the next TP size starts
+
+
+def engine_scraper(engine: Any) -> Callable:
+    """`await scrape()` -> the in-process engine's running counters (AsyncLLM.stats) as EngineCounters."""
+
+    async def scrape() -> EngineCounters:
+        s = await engine.stats()
+        return EngineCounters(SpecCounters(s.spec_drafts, s.spec_draft_tokens, s.spec_accepted_tokens,
+                                           s.spec_accepted_per_pos),
+                              PrefixCounters(s.prefix_queried_tokens, s.prefix_hit_tokens), s.page_tokens)
+
+    return scrape
 
 
 @asynccontextmanager
