@@ -71,3 +71,86 @@ def test_conversation_trace_replay_reaches_possible_hit_rate(tiny_ckpt, tmp_path
     assert row["prefix_hit_rate_possible"] == pytest.approx(0.157, abs=0.005)
     assert row["prefix_cache_hit_rate"] == pytest.approx(row["prefix_hit_rate_possible"], abs=1e-12)
     assert row["num_wrong_output_len"] == 0
+
+
+class _TextOnlyServer:
+    """An OpenAI-style /v1/completions that refuses token-id prompts (400) and counts text prompts' tokens
+    with the tokenizer, like a server without the token-ids form; /v1/models says max_model_len 200."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.prompts = tokenizer, []
+
+    async def models(self, request):
+        from aiohttp import web
+
+        return web.json_response({"data": [{"id": "m", "max_model_len": 200}]})
+
+    async def completions(self, request):
+        from aiohttp import web
+
+        body = await request.json()
+        if not isinstance(body["prompt"], str):
+            return web.json_response({"error": {"message": "prompt must be a string"}}, status=400)
+        self.prompts.append(body["prompt"])
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        n_in = len(self.tokenizer.encode(body["prompt"], add_special_tokens=False))
+        for i in range(body["max_tokens"]):
+            await resp.write(f'data: {json.dumps({"choices": [{"index": 0, "text": "a"}]})}\n\n'.encode())
+            await asyncio.sleep(0.001)
+        usage = {"prompt_tokens": n_in, "completion_tokens": body["max_tokens"]}
+        await resp.write(f'data: {json.dumps({"choices": [], "usage": usage})}\n\ndata: [DONE]\n\n'.encode())
+        return resp
+
+
+def _serve_in_thread(handler):
+    """Start an aiohttp app on a free port in a thread; returns (base_url, stop())."""
+    import threading
+
+    from aiohttp import web
+
+    ready, box = threading.Event(), {}
+
+    def run():
+        loop = asyncio.new_event_loop()
+        app_ = web.Application()
+        app_.router.add_get("/v1/models", handler.models)
+        app_.router.add_post("/v1/completions", handler.completions)
+        runner = web.AppRunner(app_)
+        loop.run_until_complete(runner.setup())
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        loop.run_until_complete(site.start())
+        box["port"], box["loop"] = site._server.sockets[0].getsockname()[1], loop
+        ready.set()
+        loop.run_forever()
+        loop.run_until_complete(runner.cleanup())
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    ready.wait(10)
+
+    def stop():
+        box["loop"].call_soon_threadsafe(box["loop"].stop)
+        thread.join(10)
+
+    return f"http://127.0.0.1:{box['port']}", stop
+
+
+def test_external_server_without_token_ids_gets_text_and_the_mismatch_reported(tiny_ckpt, tmp_path):
+    from transformers import AutoTokenizer
+
+    handler = _TextOnlyServer(AutoTokenizer.from_pretrained(str(tiny_ckpt)))
+    url, stop = _serve_in_thread(handler)
+    try:
+        res = CliRunner().invoke(app, [
+            "sweep", "--base-url", url, "--tokenizer", str(tiny_ckpt), "--dataset", f"trace:{_need(CONVERSATION)}",
+            "--max-requests", "6", "--trace-scale", "0.0625", "--concurrency", "2", "--warmup", "0",
+            "--out", str(tmp_path / "ext")])
+    finally:
+        stop()
+    assert res.exit_code == 0, res.output
+    (p,) = json.loads((tmp_path / "ext" / "results.json").read_text())["points"]
+    assert p["prompt_as"] == "text" and handler.prompts and p["max_model_len"] == 200
+    assert p["num_skipped_too_long"] == 6 - p["num_completed"] > 0  # 32-token blocks: some exceed 200 tokens
+    assert p["num_wrong_prompt_len"] > 0 and "arrived at another token count" in res.output
+    assert p["prefix_cache_hit_rate"] is None and p["prefix_page_tokens"] == 32  # no /metrics: trace blocks
