@@ -17,7 +17,7 @@ from typing import Optional
 
 import typer
 
-from m3bench.cli.engine_flags import ASYNC_HELP, CUDA_GRAPHS_HELP
+from m3bench.cli.engine_flags import ASYNC_HELP, CUDA_GRAPHS_HELP, MAX_MODEL_LEN_HELP
 from m3bench.cli.errors import user_errors
 
 
@@ -51,6 +51,7 @@ def serve(
     draft_kv: str = typer.Option("separate", "--draft-kv", help="Draft KV pages: separate or shared."),
     cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help=CUDA_GRAPHS_HELP),
     async_scheduling: Optional[bool] = typer.Option(None, "--async-scheduling/--no-async-scheduling", help=ASYNC_HELP),
+    max_model_len: Optional[int] = typer.Option(None, "--max-model-len", min=2, help=MAX_MODEL_LEN_HELP),
     log_level: str = typer.Option("warning", "--log-level"),
 ) -> None:
     """Serve a checkpoint over an OpenAI-compatible API (completions, chat, models, health, metrics)."""
@@ -61,7 +62,7 @@ def serve(
     opts = EngineOptions(str(model), load_format, device, dtype, kv_cache_dtype, max_batch_size, max_num_tokens,
                          num_kv_blocks, gpu_memory_utilization, seed, synthetic_acceptance,
                          draft_dir=None if draft is None else str(draft), draft_len=draft_len, draft_kv=draft_kv,
-                         cuda_graphs=cuda_graphs, async_scheduling=async_scheduling)
+                         cuda_graphs=cuda_graphs, async_scheduling=async_scheduling, max_model_len=max_model_len)
     llm = opts.build()
     engine = AsyncLLM(llm)
     cfg = ServerConfig(served_model_name or model.resolve().name, llm.max_model_len, api_key or None)

@@ -24,7 +24,7 @@ from typing import Optional
 
 import typer
 
-from m3bench.cli.engine_flags import ASYNC_HELP, CUDA_GRAPHS_HELP
+from m3bench.cli.engine_flags import ASYNC_HELP, CUDA_GRAPHS_HELP, MAX_MODEL_LEN_HELP
 from m3bench.cli.errors import EXIT_REGRESSION, M3BenchError, user_errors
 
 
@@ -135,6 +135,7 @@ def sweep(
     draft_kv: str = typer.Option("separate", "--draft-kv", help="Draft KV pages: separate or shared."),
     cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help=CUDA_GRAPHS_HELP),
     async_scheduling: Optional[bool] = typer.Option(None, "--async-scheduling/--no-async-scheduling", help=ASYNC_HELP),
+    max_model_len: Optional[int] = typer.Option(None, "--max-model-len", min=2, help=MAX_MODEL_LEN_HELP),
     kv_cache_dtype: str = typer.Option("auto", "--kv-cache-dtype", help="auto (the model dtype), bf16, fp8, nvfp4, hybrid."),
     device: str = typer.Option("cpu", "--device"),
     dtype: str = typer.Option("auto", "--dtype"),
@@ -177,7 +178,7 @@ def sweep(
                                num_kv_blocks=num_kv_blocks, seed=seed, synthetic_acceptance=synthetic_acceptance,
                                draft_dir=None if draft is None else str(draft), draft_len=draft_len,
                                draft_kv=draft_kv, cuda_graphs=cuda_graphs,
-                               async_scheduling=async_scheduling)
+                               async_scheduling=async_scheduling, max_model_len=max_model_len)
     elif synthetic_acceptance is not None or draft is not None:
         raise M3BenchError("--draft / --synthetic-acceptance apply to the bundled engine, not to --base-url")
     kind, path = _dataset(dataset)
