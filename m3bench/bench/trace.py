@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import math
 from dataclasses import dataclass, replace
 from enum import Enum
@@ -29,7 +28,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from m3bench.bench.workload import Tokenizer, WorkloadPrompt, plain_vocab
+from m3bench.bench.workload import Tokenizer, WorkloadPrompt, json_object_line, plain_vocab
 from m3bench.runtime.errors import InputError
 
 TRACE_BLOCK_TOKENS = 512
@@ -147,12 +146,7 @@ def _file_digest(path: Path, mtime_ns: int, size: int) -> str:
 
 def parse_trace_line(line: str, n: int, path: Path) -> TraceRequest:
     """One line as a TraceRequest, every field checked (InputError `path:n: ...`)."""
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise InputError(f"{path}:{n}: not JSON ({e})") from None
-    if not isinstance(row, dict):
-        raise InputError(f"{path}:{n}: expected a JSON object")
+    row = json_object_line(line, path, n)
     missing = [k for k in TRACE_KEYS if k not in row]
     if missing:
         raise InputError(f"{path}:{n}: missing key(s) {', '.join(missing)}")

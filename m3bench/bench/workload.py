@@ -168,13 +168,14 @@ def _jsonl_texts(path: Path | None) -> list[str]:
     texts = []
     for n, line in enumerate(Path(path).read_text(encoding="utf-8").split("\n"), 1):
         if line.strip():
-            texts.append(_text_of(_json_line(line, path, n), path, n))
+            texts.append(_text_of(json_object_line(line, path, n), path, n))
     if not texts:
         raise InputError(f"--dataset {path}: no prompts")
     return texts
 
 
-def _json_line(line: str, path: Path, n: int) -> dict:
+def json_object_line(line: str, path: Path, n: int) -> dict:
+    """Line `n` of a JSON-lines file as a dict; InputError `path:n: ...` when it is not a JSON object."""
     try:
         row = json.loads(line)
     except json.JSONDecodeError as e:

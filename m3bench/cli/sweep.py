@@ -236,20 +236,21 @@ def _finish(cfg, rows: list[dict], baseline: Path | None, max_regression: float 
 
     x_axis = x_axis or ParetoX.X90
     ok = [r for r in rows if "error" not in r]
-    front = frontier(ok, x=lambda r: r[x_axis.key], y=lambda r: r[Y_KEY])
+    on_axis = [r for r in ok if r.get(x_axis.key) is not None]  # (points resumed from before the axis existed)
+    front = frontier(on_axis, x=lambda r: r[x_axis.key], y=lambda r: r[Y_KEY])
     base_rows = load_results(baseline) if baseline is not None else []
     changes = compare(rows, base_rows, max_regression)
     json_path, csv_path = write_results(cfg.out_dir, rows, front, changes,
                                         dict(config_summary(cfg), pareto_x=x_axis.value))
-    if ok:
-        plot_pareto(ok, Path(cfg.out_dir) / "pareto.png", [r for r in base_rows if "error" not in r], x_axis=x_axis)
+    if on_axis:
+        plot_pareto(on_axis, Path(cfg.out_dir) / "pareto.png", [r for r in base_rows if "error" not in r], x_axis=x_axis)
     _table(rows, front, changes)
     _overhead(ok)
     failed = [r for r in rows if "error" in r]
     regressions = [c for c in changes if c.regression]
     if junit is not None:
         _junit(junit, rows, changes)
-    print(f"wrote {json_path}, {csv_path}" + (f", {Path(cfg.out_dir) / 'pareto.png'}" if ok else ""), file=sys.stderr)
+    print(f"wrote {json_path}, {csv_path}" + (f", {Path(cfg.out_dir) / 'pareto.png'}" if on_axis else ""), file=sys.stderr)
     if regressions:
         print(f"REGRESSION at {len(regressions)} gated figure(s) (> {max_regression}% and > run-to-run spread)",
               file=sys.stderr)
@@ -275,13 +276,19 @@ def _table(rows: list[dict], front: list[dict], changes) -> None:
         t.add_row(*map(str, key), f"{r['request_per_s']:.2f}", f"{r['output_tok_per_s']:.1f}",
                   f"{r['total_tok_per_s_per_gpu']:.1f}", f"{r['ttft_ms_median']:.1f}", f"{r['ttft_ms_p99']:.1f}",
                   f"{r['tpot_ms_median']:.2f}", f"{r['tpot_ms_p90']:.2f}", f"{r['itl_ms_median']:.2f}",
-                  f"{r['interactivity_x90']:.1f}", f"{r['interactivity_e2e_p90']:.1f}", _al_text(r), _rate(r),
+                  f"{r['interactivity_x90']:.1f}", _e2e_text(r), _al_text(r), _rate(r),
                   str(r["num_failed"]), "*" if key in keys else "",
                   _change_text(delta, key))
     console = Console(stderr=True)
     if not console.is_terminal:
         console = Console(stderr=True, width=250)
     console.print(t)
+
+
+def _e2e_text(row: dict) -> str:
+    """E2E-normalized interactivity P90 ("-" for a point resumed from a sweep that did not record it)."""
+    value = row.get("interactivity_e2e_p90")
+    return "-" if value is None else f"{value:.1f}"
 
 
 def _al_text(row: dict) -> str:
