@@ -156,3 +156,35 @@ def test_external_server_without_token_ids_gets_text_and_the_mismatch_reported(t
     assert p["num_skipped_too_long"] == 6 - p["num_completed"] > 0  # 32-token blocks: some exceed 200 tokens
     assert p["num_wrong_prompt_len"] > 0 and "arrived at another token count" in res.output
     assert p["prefix_cache_hit_rate"] is None and p["prefix_page_tokens"] == 32  # no /metrics: trace blocks
+
+
+def test_served_trace_replay_reads_prefix_counters_from_metrics(tiny_ckpt, tmp_path):
+    """--serve: token ids over HTTP, the hit rate from `m3bench serve`'s /metrics, sent at the trace's times."""
+    out = tmp_path / "http"
+    res = CliRunner().invoke(app, [
+        "sweep", "--model", str(tiny_ckpt), "--load-format", "dummy", "--dataset", f"trace:{_need(SYNTHETIC)}",
+        "--trace-offset", "3987", "--max-requests", "6", "--trace-scale", "0.0625", "--concurrency", "1",
+        "--warmup", "0", "--num-kv-blocks", "256", "--schedule", "timestamps", "--time-scale", "0.01",
+        "--serve", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    (p,) = json.loads((out / "results.json").read_text())["points"]
+    assert p["prompt_as"] == "token_ids" and p["num_wrong_prompt_len"] == 0 and p["prefix_page_tokens"] == 128
+    assert (p["trace_requests"], p["num_skipped_too_long"]) == (6, 1)  # the last 6 of the trace, one over 4096
+    assert p["prefix_hit_rate_possible"] == pytest.approx(0.561, abs=0.001)
+    assert p["prefix_cache_hit_rate"] == pytest.approx(p["prefix_hit_rate_possible"], abs=1e-12)
+
+
+def test_trace_flags_refused_where_they_do_not_apply(tiny_ckpt, tmp_path):
+    runner = CliRunner()
+    base = ["sweep", "--model", str(tiny_ckpt), "--out", str(tmp_path / "o")]
+    trace = ["--dataset", f"trace:{_need(SYNTHETIC)}"]
+    for extra, what in ((["--max-requests", "4"], "need --dataset trace"),
+                        ([*trace, "--num-prompts", "4"], "--max-requests"),
+                        ([*trace, "--schedule", "timestamps", "--request-rate", "2"], "--request-rate"),
+                        ([*trace, "--schedule", "poisson"], "--schedule"),
+                        ([*trace, "--trace-scale", "0.3"], "whole number"),
+                        ([*trace, "--trace-offset", "99999"], "no request at offset"),
+                        ([*trace, "--pareto-x", "x50"], "--pareto-x"),
+                        (["--dataset", "trace:/nonexistent.jsonl"], "no such file")):
+        res = runner.invoke(app, [*base, *extra])
+        assert res.exit_code == 2 and what in res.output, (extra, res.output)
