@@ -13,6 +13,7 @@ Requests go out in order; with a finite `request_rate` the gaps are gamma distri
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import time
@@ -233,22 +234,33 @@ class OpenAITarget:
 
     async def max_model_len(self) -> int | None:
         """`max_model_len` of the served model in /v1/models (vLLM, m3bench serve); None when not said."""
-        session = await self._client()
-        async with session.get(f"{self.base_url}/models", headers=self.headers) as resp:
-            if resp.status != 200:
-                return None
-            models = (await resp.json()).get("data") or []
+        async with self._reached():
+            session = await self._client()
+            async with session.get(f"{self.base_url}/models", headers=self.headers) as resp:
+                doc = await resp.json(content_type=None) if resp.status == 200 else {}
+        models = doc.get("data") or []
         mine = [m for m in models if m.get("id") == self.model] or models[:1]
         value = mine[0].get("max_model_len") if mine else None
         return int(value) if isinstance(value, int) and value > 0 else None
 
     async def accepts_token_ids(self, token_ids: Sequence[int]) -> bool:
         """Whether /v1/completions takes a list of token ids as `prompt` (one 1-token request)."""
-        session = await self._client()
-        body = {"model": self.model, "prompt": list(token_ids), "max_tokens": 1, "temperature": 0.0}
-        async with session.post(f"{self.base_url}/completions", json=body, headers=self.headers) as resp:
-            await resp.read()
-            return resp.status == 200
+        async with self._reached():
+            session = await self._client()
+            body = {"model": self.model, "prompt": list(token_ids), "max_tokens": 1, "temperature": 0.0}
+            async with session.post(f"{self.base_url}/completions", json=body, headers=self.headers) as resp:
+                await resp.read()
+                return resp.status == 200
+
+    @contextlib.asynccontextmanager
+    async def _reached(self):
+        """A server that cannot be reached (or answers garbage) is bad input: one line, exit 2."""
+        import aiohttp
+
+        try:
+            yield
+        except (aiohttp.ClientError, json.JSONDecodeError, OSError) as e:
+            raise InputError(f"cannot query {self.base_url}: {type(e).__name__}: {e}"[:ERROR_BODY_CHARS]) from None
 
     def _payload(self, prompt: WorkloadPrompt) -> dict:
         body = {

@@ -15,7 +15,8 @@ requests, prefill and queueing included). Prefix cache: hit rate = prompt tokens
 cache / prompt tokens looked up (the engine's counters over the window); its trace bounds are
 `trace_block_reuse` (blocks whose id was seen earlier in the window / all blocks: the trace's
 figure) and `possible_prefix_hits` (what an unbounded prefix cache of whole pages could serve,
-replayed in trace order: the figure a reached hit rate is held against). Percentiles are numpy's linear ones, std is the population std (as vLLM).
+replayed in trace order: the figure a reached hit rate is held against).
+Percentiles are numpy's linear ones, std is the population std (as vLLM).
 Failed requests are counted in `num_failed` and never averaged in. An empty sample raises.
 """
 

@@ -1,4 +1,5 @@
-"""The sweep's picture: interactivity x90 (or E2E-normalized P90, `x_axis`; tok/s/user) against total tok/s per GPU, frontier per TP.
+"""The sweep's picture: interactivity x90 (or E2E-normalized P90, `x_axis`; tok/s/user) against
+total tok/s per GPU, frontier per TP.
 
     plot_pareto(rows, Path("pareto.png"), baseline_rows=previous_rows)
 

@@ -40,7 +40,7 @@ from m3bench.bench.client import EngineTarget, LoadResult, OpenAITarget, measure
 from m3bench.bench.metrics import EmptySampleError, compute_metrics
 from m3bench.bench.records import EngineCounters, PrefixCounters, Slo, SpecCounters, write_records
 from m3bench.bench.engine_options import EngineOptions
-from m3bench.bench.trace import TraceSpec
+from m3bench.bench.trace import TraceSchedule, TraceSpec
 from m3bench.bench.trace_replay import TracePlan, plan_trace_point, window_lengths
 from m3bench.bench.workload import (DatasetKind, LengthRange, WorkloadPrompt, dataset_prompts, random_prompts)
 from m3bench.runtime.errors import InputError
@@ -104,7 +104,7 @@ class SweepConfig:
         self.trace.check()  # a bad file: InputError naming the line
         if self.num_prompts is not None:
             raise InputError("a trace replays its window: set its size with --max-requests, not --num-prompts")
-        if self.trace.schedule.value == "timestamps" and not math.isinf(self.request_rate):
+        if self.trace.schedule is TraceSchedule.TIMESTAMPS and not math.isinf(self.request_rate):
             raise InputError("--schedule timestamps sends at the trace's times: drop --request-rate")
 
     def counts(self, concurrency: int) -> tuple[int, int]:
@@ -302,7 +302,8 @@ async def open_target(cfg: SweepConfig, tp: int = 1) -> AsyncIterator[tuple[Any,
         try:
             tokenizer = _tokenizer(cfg.tokenizer)
             if cfg.trace is not None:  # token ids where the server takes them, else text (lengths then checked)
-                target.send_text = not await target.accepts_token_ids(tokenizer.encode("Hi", add_special_tokens=False)[:1] or [0])
+                probe = tokenizer.encode("Hi", add_special_tokens=False)[:1] or [0]
+                target.send_text = not await target.accepts_token_ids(probe)
             yield target, tokenizer, lambda: scrape_metrics(cfg.base_url, cfg.api_key)
         finally:
             await target.close()

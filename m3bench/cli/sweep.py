@@ -110,7 +110,8 @@ def sweep(
     dataset: str = typer.Option("random", "--dataset", help="random, gsm8k, a jsonl file (prompt/text/question), "
                                 "or trace:FILE (Mooncake / AIPerf mooncake_trace lines, prompts from hash_ids)."),
     max_requests: Optional[int] = typer.Option(None, "--max-requests", min=1,
-                                               help="Trace: requests replayed per point (default: all after the offset)."),
+                                               help="Trace: requests replayed per point (default: all after "
+                                               "the offset)."),
     trace_offset: int = typer.Option(0, "--trace-offset", min=0, help="Trace: requests skipped at its start."),
     trace_scale: float = typer.Option(1.0, "--trace-scale", help="Trace: block size (512) and every length times F."),
     schedule: str = typer.Option("concurrency", "--schedule", help="Trace: concurrency (trace order behind the "
@@ -243,14 +244,16 @@ def _finish(cfg, rows: list[dict], baseline: Path | None, max_regression: float 
     json_path, csv_path = write_results(cfg.out_dir, rows, front, changes,
                                         dict(config_summary(cfg), pareto_x=x_axis.value))
     if on_axis:
-        plot_pareto(on_axis, Path(cfg.out_dir) / "pareto.png", [r for r in base_rows if "error" not in r], x_axis=x_axis)
+        plot_pareto(on_axis, Path(cfg.out_dir) / "pareto.png", [r for r in base_rows if "error" not in r],
+                    x_axis=x_axis)
     _table(rows, front, changes)
     _overhead(ok)
     failed = [r for r in rows if "error" in r]
     regressions = [c for c in changes if c.regression]
     if junit is not None:
         _junit(junit, rows, changes)
-    print(f"wrote {json_path}, {csv_path}" + (f", {Path(cfg.out_dir) / 'pareto.png'}" if on_axis else ""), file=sys.stderr)
+    png = f", {Path(cfg.out_dir) / 'pareto.png'}" if on_axis else ""
+    print(f"wrote {json_path}, {csv_path}{png}", file=sys.stderr)
     if regressions:
         print(f"REGRESSION at {len(regressions)} gated figure(s) (> {max_regression}% and > run-to-run spread)",
               file=sys.stderr)
