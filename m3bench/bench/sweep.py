@@ -408,21 +408,25 @@ def stop_server(proc: subprocess.Popen) -> None:
 _SPEC_RE = re.compile(r'^(?:m3bench|vllm):spec_decode_num_(drafts|draft_tokens|accepted_tokens|accepted_tokens_per_pos)'
                       r'(?:_total)?(\{[^}]*\})?\s+([0-9.eE+-]+)\s*$')
 _POSITION_RE = re.compile(r'position="(\d+)"')
-_PREFIX_RE = re.compile(r'^(?:m3bench|vllm):prefix_cache_(queries|hits)(?:_total)?(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$')
+_PREFIX_RE = re.compile(r'^(?:m3bench|vllm):(gpu_)?prefix_cache_(queries|hits)(?:_total)?(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$')
 _BLOCK_SIZE_RE = re.compile(r'^(?:m3bench|vllm):cache_config_info\{[^}]*block_size="(\d+)"')
 
 
 def parse_engine_counters(text: str) -> EngineCounters:
     """Speculation and prefix-cache counters (tokens) and the KV page size (`cache_config_info`'s block_size)
-    from Prometheus text, `m3bench:` or `vllm:` names; each None when absent."""
-    found: dict[str, float] = {}
+    from Prometheus text, `m3bench:` or `vllm:` names (vLLM's deprecated `gpu_prefix_cache_*` only when the
+    current names are absent: servers export both); each None when absent."""
+    found: dict[tuple[str, str], float] = {}
     page = None
     for line in text.splitlines():
         if (m := _PREFIX_RE.match(line.strip())) is not None:
-            found[m.group(1)] = found.get(m.group(1), 0) + float(m.group(2))
+            key = (m.group(1) or "", m.group(2))
+            found[key] = found.get(key, 0) + float(m.group(3))
         elif (b := _BLOCK_SIZE_RE.match(line.strip())) is not None:
             page = int(b.group(1)) or None
-    prefix = PrefixCounters(int(found["queries"]), int(found.get("hits", 0))) if "queries" in found else None
+    old = "" if ("", "queries") in found else "gpu_"
+    prefix = (PrefixCounters(int(found[(old, "queries")]), int(found.get((old, "hits"), 0)))
+              if (old, "queries") in found else None)
     return EngineCounters(parse_spec_counters(text), prefix, page)
 
 

@@ -100,6 +100,11 @@ vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching=
     assert c.prefix == PrefixCounters(1200, 300) and c.page_tokens == 16 and c.spec is None
     assert parse_engine_counters(text.replace("vllm:", "m3bench:")).prefix == PrefixCounters(1200, 300)
     assert parse_engine_counters("m3bench:num_requests_running 0\n").prefix is None
+    both = text + 'vllm:gpu_prefix_cache_queries_total{engine="0"} 1200.0\nvllm:gpu_prefix_cache_hits_total{engine="0"} 300.0\n'
+    assert parse_engine_counters(both).prefix == PrefixCounters(1200, 300)  # not counted twice
+    old_only = 'vllm:gpu_prefix_cache_queries_total{engine="0"} 50.0\nvllm:gpu_prefix_cache_hits_total{engine="0"} 5.0\n'
+    assert parse_engine_counters(old_only + 'vllm:prefix_cache_queries_created{engine="0"} 1.7e9\n').prefix == \
+        PrefixCounters(50, 5)
 
 
 def test_plan_skips_and_counts_too_long(bpe_tokenizer, hand_trace):
