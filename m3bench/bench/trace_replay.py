@@ -32,6 +32,7 @@ class TracePlan:
     warmup: tuple[WorkloadPrompt, ...]
     prompts: tuple[WorkloadPrompt, ...]
     arrivals_s: tuple[float, ...] | None  # None: all at once behind the concurrency cap
+    num_text_len_mismatch: int | None = None  # text prompts: how many re-encode (client tokenizer) to another length
 
     def figures(self, engine_page_tokens: int | None) -> dict:
         """The point's trace fields: skipped requests, block reuse, the prefix hit rate possible.
@@ -41,6 +42,7 @@ class TracePlan:
         return {"trace_requests": len(self.sent) + self.num_skipped, "num_skipped_too_long": self.num_skipped,
                 "max_model_len": self.max_model_len, "trace_block_tokens": self.spec.block_tokens,
                 "prefix_page_tokens": page, "trace_block_reuse": trace_block_reuse(self.sent),
+                "num_text_len_mismatch": self.num_text_len_mismatch,
                 "prefix_hit_rate_possible": prefix_hit_rate(possible_prefix_hits(self.sent, self.spec.block_tokens,
                                                                                  page))}
 
@@ -58,7 +60,15 @@ def plan_trace_point(spec: TraceSpec, tokenizer: Any, max_model_len: int | None,
     warm = trace_prompts(tokenizer, warm_reqs, spec.block_tokens, seed, salt + WARMUP_SALT, with_text)
     arrivals = spec.arrivals_s(sent)
     return TracePlan(spec, tuple(sent), len(window) - len(sent), max_model_len, tuple(warm), tuple(prompts),
-                     None if arrivals is None else tuple(arrivals))
+                     None if arrivals is None else tuple(arrivals),
+                     text_len_mismatches(tokenizer, prompts) if with_text else None)
+
+
+def text_len_mismatches(tokenizer: Any, prompts: list[WorkloadPrompt]) -> int:
+    """Prompts whose text, encoded again by the client's tokenizer, is not their token count (merges across
+    block boundaries): the lengths a text-only server sees may differ too (its usage counts say by how much)."""
+    again = tokenizer(list(p.text for p in prompts), add_special_tokens=False)["input_ids"]
+    return sum(len(ids) != p.prompt_len for ids, p in zip(again, prompts))
 
 
 def window_lengths(spec: TraceSpec) -> tuple[int, int]:

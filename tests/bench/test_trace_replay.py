@@ -43,6 +43,7 @@ def test_synthetic_trace_replay_reaches_possible_hit_rate(tiny_ckpt, tmp_path):
     (p,) = doc["points"]
     assert p["num_completed"] == 12 and p["num_skipped_too_long"] == 4 and p["max_model_len"] == 1500
     assert p["num_wrong_prompt_len"] == 0 and p["total_prompt_tokens"] == 5943  # never truncated
+    assert p["num_text_len_mismatch"] is None  # token ids went
     assert p["prefix_page_tokens"] == 128 and p["trace_block_tokens"] == 16 and p["prompt_as"] == "token_ids"
     assert p["trace_block_reuse"] > 0.45 and p["prefix_hit_rate_possible"] == pytest.approx(0.56, abs=0.005)
     assert p["prefix_cache_hit_rate"] == pytest.approx(p["prefix_hit_rate_possible"], abs=1e-12)
@@ -155,6 +156,7 @@ def test_external_server_without_token_ids_gets_text_and_the_mismatch_reported(t
     assert p["prompt_as"] == "text" and handler.prompts and p["max_model_len"] == 200
     assert p["num_skipped_too_long"] == 6 - p["num_completed"] > 0  # 32-token blocks: some exceed 200 tokens
     assert p["num_wrong_prompt_len"] > 0 and "arrived at another token count" in res.output
+    assert p["num_text_len_mismatch"] > 0  # the client's own re-encoding check, usage counts or not
     assert p["prefix_cache_hit_rate"] is None and p["prefix_page_tokens"] == 32  # no /metrics: trace blocks
 
 
