@@ -54,7 +54,7 @@ def test_synthetic_trace_replay_reaches_possible_hit_rate(tiny_ckpt, tmp_path):
 
 def test_conversation_trace_replay_reaches_possible_hit_rate(tiny_ckpt, tmp_path):
     """Requests 11111.. of the conversation trace at 16-token blocks on an engine of 16-token pages
-    (run_point itself, the bundled engine in-process)."""
+    (run_point itself, the bundled engine in-process; chunked prefill)."""
     from m3bench.bench.client import EngineTarget
     from m3bench.bench.sweep import PointKey, SweepConfig, engine_scraper, run_point
     from m3bench.bench.trace import TraceSpec
@@ -63,7 +63,8 @@ def test_conversation_trace_replay_reaches_possible_hit_rate(tiny_ckpt, tmp_path
 
     spec = TraceSpec(_need(CONVERSATION), offset=11111, max_requests=16, scale=1 / 32)
     cfg = SweepConfig(out_dir=tmp_path, engine=None, warmup=0, trace=spec)
-    llm = LLM(str(tiny_ckpt), load_format="dummy", tokens_per_block=16, num_kv_blocks=512, attention_backend="torch")
+    llm = LLM(str(tiny_ckpt), load_format="dummy", tokens_per_block=16, num_kv_blocks=512, attention_backend="torch",
+              max_num_tokens=200)  # prompts over 200 tokens prefill in chunks, committing pages as they fill
     engine = AsyncLLM(llm)
     try:
         row = asyncio.run(run_point(cfg, PointKey(1, 1, 96, 8), EngineTarget(engine), llm.tokenizer,
