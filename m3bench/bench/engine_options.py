@@ -32,6 +32,7 @@ class EngineOptions:
     draft_kv: str = "separate"  # separate | shared
     cuda_graphs: bool = False
     async_scheduling: bool | None = None  # None: the runtime's default (on for CUDA without draft or TP)
+    max_model_len: int | None = None  # None: what max_position_embeddings and the KV pool allow
 
     def __post_init__(self) -> None:
         if self.load_format not in ("auto", "dummy"):
@@ -58,7 +59,8 @@ class EngineOptions:
                    gpu_memory_utilization=self.gpu_memory_utilization, seed=self.seed,
                    tensor_parallel_size=self.tensor_parallel_size, cuda_graphs=self.cuda_graphs,
                    speculative_model=self.draft_dir, draft_len=self.draft_len, draft_kv=self.draft_kv,
-                   synthetic_acceptance_length=self.synthetic_acceptance, async_scheduling=self.async_scheduling)
+                   synthetic_acceptance_length=self.synthetic_acceptance, async_scheduling=self.async_scheduling,
+                   max_model_len=self.max_model_len)
 
     def cli_args(self) -> list[str]:
         """The same options as `m3bench serve` flags."""
@@ -76,4 +78,6 @@ class EngineOptions:
             args += ["--cuda-graphs"]
         if self.async_scheduling is not None:
             args += ["--async-scheduling" if self.async_scheduling else "--no-async-scheduling"]
+        if self.max_model_len is not None:
+            args += ["--max-model-len", str(self.max_model_len)]
         return args

@@ -505,6 +505,9 @@ def prometheus_text(stats: Any, state: _State) -> str:
         ("counter", "request_abort_total", "Requests aborted (client gone)", stats.requests_aborted_total),
         ("counter", "prompt_tokens_total", "Prompt tokens admitted", stats.prompt_tokens_total),
         ("counter", "generation_tokens_total", "Tokens generated", stats.generation_tokens_total),
+        ("counter", "prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache",
+         stats.prefix_queried_tokens),
+        ("counter", "prefix_cache_hits_total", "Prompt tokens served by the prefix cache", stats.prefix_hit_tokens),
         ("counter", "spec_decode_num_drafts_total", "Verify steps with a draft", stats.spec_drafts),
         ("counter", "spec_decode_num_draft_tokens_total", "Draft tokens proposed", stats.spec_draft_tokens),
         ("counter", "spec_decode_num_accepted_tokens_total", "Draft tokens accepted", stats.spec_accepted_tokens),
@@ -512,6 +515,9 @@ def prometheus_text(stats: Any, state: _State) -> str:
     lines = []
     for kind, name, help_text, value in rows:
         lines += [f"# HELP {PREFIX}{name} {help_text}", f"# TYPE {PREFIX}{name} {kind}", f"{PREFIX}{name} {value}"]
+    info = f"{PREFIX}cache_config_info"  # vLLM's info metric: the KV page size in a label
+    lines += [f"# HELP {info} KV cache configuration", f"# TYPE {info} gauge",
+              f'{info}{{block_size="{stats.page_tokens}",enable_prefix_caching="{stats.prefix_caching}"}} 1']
     per_pos = f"{PREFIX}spec_decode_num_accepted_tokens_per_pos_total"
     lines += [f"# HELP {per_pos} Draft tokens accepted at each position", f"# TYPE {per_pos} counter"]
     lines += [f'{per_pos}{{position="{k}"}} {v}' for k, v in enumerate(stats.spec_accepted_per_pos)]

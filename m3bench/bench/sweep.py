@@ -9,6 +9,11 @@ Each point runs `num_prompts` (default 10 x concurrency) requests after `warmup`
 Repeats of a point use the same prompts; their spread ((max - min) / median) is what the
 regression gate must see exceeded. A point whose file already exists with the same settings is
 not run again (resume).
+
+With a trace (`cfg.trace`, bench/trace.py) a point replays the trace's window instead: its ISL /
+OSL are the window's mean lengths, requests longer than the context are skipped and counted, each
+repeat gets fresh block tokens (no cache carried over), and the row gains the prefix-cache hit
+rate reached against the one possible (bench/trace_replay.py).
 """
 
 from __future__ import annotations
@@ -34,10 +39,12 @@ import numpy as np
 from m3bench.bench.client import EngineTarget, LoadResult, OpenAITarget, measure_client_overhead, run_load
 from m3bench.bench.metrics import EmptySampleError, compute_metrics
 from m3bench.bench.child_process import start_child, stop_child
-from m3bench.bench.records import Slo, SpecCounters, write_records
+from m3bench.bench.records import EngineCounters, PrefixCounters, Slo, SpecCounters, write_records
 from m3bench.strict_json import dumps_strict
 from m3bench.bench.sweep_checks import check_lengths, probe_server
 from m3bench.bench.engine_options import EngineOptions
+from m3bench.bench.trace import TraceSchedule, TraceSpec
+from m3bench.bench.trace_replay import TracePlan, plan_trace_point, window_lengths
 from m3bench.bench.workload import (DatasetKind, LengthRange, WorkloadPrompt, dataset_prompts, random_prompts)
 from m3bench.runtime.errors import InputError
 
@@ -76,6 +83,7 @@ class SweepConfig:
     burstiness: float = 1.0
     seed: int = 0
     slo: Slo | None = None
+    trace: TraceSpec | None = None  # --dataset trace:FILE (its window, scale and schedule)
 
     def check(self) -> None:
         """Refuse what cannot run, before anything starts."""
@@ -92,6 +100,15 @@ class SweepConfig:
             raise InputError("need repeats >= 1, concurrencies >= 1 and at least one (isl, osl)")
         if self.engine is None and self.tokenizer is None:
             raise InputError("an external server needs --tokenizer DIR (or --model DIR) to build prompts")
+        if self.trace is not None:
+            self._check_trace()
+
+    def _check_trace(self) -> None:
+        self.trace.check()  # a bad file: InputError naming the line
+        if self.num_prompts is not None:
+            raise InputError("a trace replays its window: set its size with --max-requests, not --num-prompts")
+        if self.trace.schedule is TraceSchedule.TIMESTAMPS and not math.isinf(self.request_rate):
+            raise InputError("--schedule timestamps sends at the trace's times: drop --request-rate")
 
     def counts(self, concurrency: int) -> tuple[int, int]:
         """(warm-up, measured) request counts of a point."""
@@ -129,6 +146,7 @@ async def _sweep(cfg: SweepConfig, on_point: Callable[[dict], None]) -> list[dic
         todo = [k for k, row in done.items() if row is None]
         if not todo:
             continue
+        check_memory_plan(cfg, tp)
         async with open_target(cfg, tp) as (target, tokenizer, scrape):
             for key in todo:
                 row = await run_point(cfg, key, target, tokenizer, scrape)
@@ -138,25 +156,53 @@ async def _sweep(cfg: SweepConfig, on_point: Callable[[dict], None]) -> list[dic
 
 
 def _keys(cfg: SweepConfig, tp: int) -> list[PointKey]:
-    return [PointKey(tp, c, isl, osl, r) for isl, osl in cfg.lengths for c in cfg.concurrencies
+    lengths = cfg.lengths if cfg.trace is None else (window_lengths(cfg.trace),)
+    return [PointKey(tp, c, isl, osl, r) for isl, osl in lengths for c in cfg.concurrencies
             for r in range(cfg.repeats)]
+
+
+def check_memory_plan(cfg: SweepConfig, tp: int) -> None:
+    """HOOK (issue 16): the memory plan's KV-capacity check goes here, before the engine of this TP starts
+    (the longest request of the workload, times the concurrency, must fit the KV pool it plans); until it
+    lands, a request longer than the engine's context is skipped and counted (trace replay)."""
+    return None
 
 
 async def run_point(cfg: SweepConfig, key: PointKey, target: Any, tokenizer: Any, scrape: Callable) -> dict:
     """Warm up, run the measured requests, write records and figures; return the point's row."""
     n_warm, n_run = cfg.counts(key.concurrency)
-    warm = make_prompts(cfg, tokenizer, key, n_warm, salt=1) if n_warm else []
-    prompts = make_prompts(cfg, tokenizer, key, n_run, salt=0)
+    plan = await _trace_plan(cfg, key, target, tokenizer, n_warm) if cfg.trace is not None else None
+    warm = list(plan.warmup) if plan else make_prompts(cfg, tokenizer, key, n_warm, salt=1) if n_warm else []
+    prompts = list(plan.prompts) if plan else make_prompts(cfg, tokenizer, key, n_run, salt=0)
     if warm:
         await run_load(target, warm, key.concurrency)
     before = await scrape()
-    result = await run_load(target, prompts, key.concurrency, cfg.request_rate, cfg.burstiness, cfg.seed)
-    spec = _spec_window(before, await scrape())
+    result = await run_load(target, prompts, key.concurrency, cfg.request_rate, cfg.burstiness, cfg.seed,
+                            arrivals_s=plan.arrivals_s if plan else None)
+    counters = _counters_window(before, await scrape())
     floor = await measure_client_overhead(key.concurrency, output_len=max(2, min(key.osl, 64)))
-    row = point_row(cfg, key, result, spec, floor)
+    row = point_row(cfg, key, result, counters.spec, floor, counters.prefix)
     row["num_wrong_output_len"] = sum(r.ok and r.output_tokens != p.output_len for r, p in zip(result.records, prompts))
+    row.update(_prompt_len_check(result, prompts, target))
+    if plan is not None:
+        row.update(plan.figures(counters.page_tokens))
     _save(cfg, key, result, row)
     return row
+
+
+async def _trace_plan(cfg: SweepConfig, key: PointKey, target: Any, tokenizer: Any, n_warm: int) -> TracePlan:
+    """The point's trace requests (skipping those the target's context cannot hold), fresh tokens per repeat."""
+    context = await target.max_model_len() if hasattr(target, "max_model_len") else None
+    salt = key.concurrency * 1009 + key.repeat
+    return plan_trace_point(cfg.trace, tokenizer, context, n_warm, cfg.seed, salt,
+                            with_text=bool(getattr(target, "send_text", False)))
+
+
+def _prompt_len_check(result: LoadResult, prompts: Sequence[WorkloadPrompt], target: Any) -> dict:
+    """How prompts went (token ids or text) and, by the target's usage counts, how many arrived at another length."""
+    off = [r.prompt_tokens - p.prompt_len for r, p in zip(result.records, prompts) if r.ok]
+    return {"prompt_as": "text" if getattr(target, "send_text", False) else "token_ids",
+            "num_wrong_prompt_len": sum(d != 0 for d in off), "prompt_len_mismatch_tokens": sum(off)}
 
 
 def make_prompts(cfg: SweepConfig, tokenizer: Any, key: PointKey, num: int, salt: int) -> list[WorkloadPrompt]:
@@ -167,18 +213,21 @@ def make_prompts(cfg: SweepConfig, tokenizer: Any, key: PointKey, num: int, salt
     return dataset_prompts(tokenizer, cfg.dataset, key.osl, num, cfg.dataset_path, seed=seed)
 
 
-def _spec_window(before: SpecCounters | None, after: SpecCounters | None) -> SpecCounters | None:
-    """Counters of the measured window; None when the target does not speculate."""
-    if before is None or after is None or after.drafts == before.drafts:
-        return None
-    return after.minus(before)
+def _counters_window(before: EngineCounters, after: EngineCounters) -> EngineCounters:
+    """Counters of the measured window: spec None when the target does not speculate, prefix None when
+    it exports no prefix-cache counters."""
+    spec = None
+    if before.spec is not None and after.spec is not None and after.spec.drafts != before.spec.drafts:
+        spec = after.spec.minus(before.spec)
+    prefix = None if before.prefix is None or after.prefix is None else after.prefix.minus(before.prefix)
+    return EngineCounters(spec, prefix, after.page_tokens)
 
 
 def point_row(cfg: SweepConfig, key: PointKey, result: LoadResult, spec: SpecCounters | None,
-              floor: LoadResult) -> dict:
+              floor: LoadResult, prefix: PrefixCounters | None = None) -> dict:
     row = {**asdict(key), "name": key.name, "fingerprint": fingerprint(cfg, key)}
     try:
-        m = compute_metrics(result.records, result.duration_s, key.tp, cfg.slo, spec)
+        m = compute_metrics(result.records, result.duration_s, key.tp, cfg.slo, spec, prefix)
         row.update(m.to_flat_dict())
     except EmptySampleError as e:
         row.update(error=str(e), num_requests=len(result.records),
@@ -204,6 +253,8 @@ def fingerprint(cfg: SweepConfig, key: PointKey) -> str:
              str(cfg.dataset_path), cfg.target.value, cfg.base_url, cfg.served_model,
              asdict(cfg.engine) if cfg.engine else None, cfg.request_rate, cfg.burstiness, cfg.seed,
              asdict(cfg.slo) if cfg.slo else None]
+    if cfg.trace is not None:  # (absent otherwise: fingerprints of other workloads stay what they were)
+        parts += [asdict(cfg.trace), cfg.trace.digest()]
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -257,7 +308,11 @@ async def open_target(cfg: SweepConfig, tp: int = 1) -> AsyncIterator[tuple[Any,
     else:
         target = OpenAITarget(cfg.base_url, cfg.served_model, cfg.api_key)
         try:
-            yield target, _tokenizer(cfg.tokenizer), lambda: scrape_metrics(cfg.base_url, cfg.api_key)
+            tokenizer = _tokenizer(cfg.tokenizer)
+            if cfg.trace is not None:  # token ids where the server takes them, else text (lengths then checked)
+                probe = tokenizer.encode("Hi", add_special_tokens=False)[:1] or [0]
+                target.send_text = not await target.accepts_token_ids(probe)
+            yield target, tokenizer, lambda: scrape_metrics(cfg.base_url, cfg.api_key)
         finally:
             await target.close()
 
@@ -273,11 +328,7 @@ async def _inprocess(cfg: SweepConfig, tp: int):
         llm.shutdown()
         raise
     engine = AsyncLLM(llm)
-
-    async def scrape() -> SpecCounters | None:
-        s = await engine.stats()
-        return SpecCounters(s.spec_drafts, s.spec_draft_tokens, s.spec_accepted_tokens, s.spec_accepted_per_pos)
-
+    scrape = engine_scraper(engine)
     try:
         tokenizer = _tokenizer(cfg.tokenizer) if cfg.tokenizer else llm.tokenizer
         if tokenizer is None:  # prompts are drawn from a tokenizer's ids (any tokenizer: its vocab may be smaller)
@@ -286,6 +337,18 @@ async def _inprocess(cfg: SweepConfig, tp: int):
     finally:
         engine.shutdown()
         llm.shutdown()  # stops tensor-parallel workers before the next TP size starts
+
+
+def engine_scraper(engine: Any) -> Callable:
+    """`await scrape()` -> the in-process engine's running counters (AsyncLLM.stats) as EngineCounters."""
+
+    async def scrape() -> EngineCounters:
+        s = await engine.stats()
+        return EngineCounters(SpecCounters(s.spec_drafts, s.spec_draft_tokens, s.spec_accepted_tokens,
+                                           s.spec_accepted_per_pos),
+                              PrefixCounters(s.prefix_queried_tokens, s.prefix_hit_tokens), s.page_tokens)
+
+    return scrape
 
 
 @asynccontextmanager
@@ -353,6 +416,26 @@ def stop_server(proc: subprocess.Popen) -> None:
 _SPEC_RE = re.compile(r'^(?:m3bench|vllm):spec_decode_num_(drafts|draft_tokens|accepted_tokens|accepted_tokens_per_pos)'
                       r'(?:_total)?(\{[^}]*\})?\s+([0-9.eE+-]+)\s*$')
 _POSITION_RE = re.compile(r'position="(\d+)"')
+_PREFIX_RE = re.compile(r'^(?:m3bench|vllm):(gpu_)?prefix_cache_(queries|hits)(?:_total)?(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$')
+_BLOCK_SIZE_RE = re.compile(r'^(?:m3bench|vllm):cache_config_info\{[^}]*block_size="(\d+)"')
+
+
+def parse_engine_counters(text: str) -> EngineCounters:
+    """Speculation and prefix-cache counters (tokens) and the KV page size (`cache_config_info`'s block_size)
+    from Prometheus text, `m3bench:` or `vllm:` names (vLLM's deprecated `gpu_prefix_cache_*` only when the
+    current names are absent: servers export both); each None when absent."""
+    found: dict[tuple[str, str], float] = {}
+    page = None
+    for line in text.splitlines():
+        if (m := _PREFIX_RE.match(line.strip())) is not None:
+            key = (m.group(1) or "", m.group(2))
+            found[key] = found.get(key, 0) + float(m.group(3))
+        elif (b := _BLOCK_SIZE_RE.match(line.strip())) is not None:
+            page = int(b.group(1)) or None
+    old = "" if ("", "queries") in found else "gpu_"
+    prefix = (PrefixCounters(int(found[(old, "queries")]), int(found.get((old, "hits"), 0)))
+              if (old, "queries") in found else None)
+    return EngineCounters(parse_spec_counters(text), prefix, page)
 
 
 def parse_spec_counters(text: str) -> SpecCounters | None:
@@ -375,8 +458,8 @@ def parse_spec_counters(text: str) -> SpecCounters | None:
     return SpecCounters(int(found["drafts"]), int(found.get("draft_tokens", 0)), int(found.get("accepted_tokens", 0)), pos)
 
 
-async def scrape_metrics(base_url: str, api_key: str | None) -> SpecCounters | None:
-    """GET /metrics and read the speculative counters; None when the server has no such route."""
+async def scrape_metrics(base_url: str, api_key: str | None) -> EngineCounters:
+    """GET /metrics and read its counters (every field None when the server has no such route)."""
     import aiohttp
 
     root = base_url.rstrip("/").removesuffix("/v1")
@@ -384,9 +467,9 @@ async def scrape_metrics(base_url: str, api_key: str | None) -> SpecCounters | N
     try:
         async with aiohttp.ClientSession() as session:
             async with session.get(f"{root}/metrics", headers=headers) as resp:
-                return parse_spec_counters(await resp.text()) if resp.status == 200 else None
+                return parse_engine_counters(await resp.text()) if resp.status == 200 else EngineCounters()
     except aiohttp.ClientError:
-        return None
+        return EngineCounters()
 
 
 # ---- repeats, baseline, gate -----------------------------------------------------------------

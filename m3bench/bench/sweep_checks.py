@@ -16,8 +16,10 @@ PROBE_TIMEOUT_S = 10.0
 
 
 def check_lengths(cfg: Any, max_model_len: int | None) -> None:
-    """Every point's longest prompt plus longest output fits `max_model_len` (None: not known, not checked)."""
-    if max_model_len is None:
+    """Every point's longest prompt plus longest output fits `max_model_len` (None: not known, not checked).
+
+    A trace replay takes its lengths from the trace and skips (and counts) what does not fit instead."""
+    if max_model_len is None or getattr(cfg, "trace", None) is not None:
         return
     for isl, osl in cfg.lengths:
         longest_in = cfg.length_range.bounds(isl)[1] if cfg.dataset is DatasetKind.RANDOM else 0
@@ -29,6 +31,8 @@ def check_lengths(cfg: Any, max_model_len: int | None) -> None:
 
 def check_output_lengths(cfg: Any) -> None:
     """Every request of a point asks for >= 2 output tokens: TPOT (E2EL - TTFT) / (n - 1) needs two."""
+    if getattr(cfg, "trace", None) is not None:  # the trace's own output lengths
+        return
     for _, osl in cfg.lengths:
         shortest = cfg.length_range.bounds(osl)[0]
         if shortest < 2:

@@ -17,7 +17,7 @@ from typing import Optional
 
 import typer
 
-from m3bench.cli.engine_flags import ASYNC_HELP, CUDA_GRAPHS_HELP
+from m3bench.cli.engine_flags import ASYNC_HELP, CUDA_GRAPHS_HELP, MAX_MODEL_LEN_HELP
 from m3bench.cli import validate
 from m3bench.cli.errors import M3BenchError, user_errors
 
@@ -52,6 +52,7 @@ def serve(
     draft_kv: str = typer.Option("separate", "--draft-kv", help="Draft KV pages: separate or shared."),
     cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help=CUDA_GRAPHS_HELP),
     async_scheduling: Optional[bool] = typer.Option(None, "--async-scheduling/--no-async-scheduling", help=ASYNC_HELP),
+    max_model_len: Optional[int] = typer.Option(None, "--max-model-len", min=2, help=MAX_MODEL_LEN_HELP),
     log_level: str = typer.Option("warning", "--log-level"),
 ) -> None:
     """Serve a checkpoint over an OpenAI-compatible API (completions, chat, models, health, metrics)."""
@@ -65,7 +66,7 @@ def serve(
     opts = EngineOptions(str(model), load_format, device, dtype, kv_cache_dtype, max_batch_size, max_num_tokens,
                          num_kv_blocks, gpu_memory_utilization, seed, synthetic_acceptance,
                          draft_dir=None if draft is None else str(draft), draft_len=draft_len, draft_kv=draft_kv,
-                         cuda_graphs=cuda_graphs, async_scheduling=async_scheduling)
+                         cuda_graphs=cuda_graphs, async_scheduling=async_scheduling, max_model_len=max_model_len)
     validate.bind_address(host, port)  # before the model loads: a bad --host / busy --port is exit 2 at once
     llm = opts.build()
     engine = AsyncLLM(llm)

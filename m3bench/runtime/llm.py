@@ -80,14 +80,16 @@ class LLM:
                  tokenizer: Any = None, attention_backend: str = "auto", speculative_model: Any = None,
                  draft_len: int = 3, draft_kv: str = "separate", synthetic_acceptance_length: float | None = None,
                  draft_page_size: int | None = None, tensor_parallel_size: int = 1,
-                 async_scheduling: bool | None = None) -> None:
+                 async_scheduling: bool | None = None, max_model_len: int | None = None) -> None:
         """`model`: a checkpoint directory, or an M3ForCausalLM already built (its device and dtype win).
 
         `attention_backend`: "auto" (Triton on CUDA, torch on CPU; a model built by the caller keeps
         its own backend), "torch" or "triton". `tensor_parallel_size` N > 1 runs the model over N
         processes (m3bench spawns ranks 1..N-1, or joins torchrun's; see runtime/distributed).
         `async_scheduling`: schedule step N+1 while step N runs (runtime/overlap_engine; same outputs, deltas
-        one step() later); None: on for CUDA without speculation or tensor parallelism, off otherwise."""
+        one step() later); None: on for CUDA without speculation or tensor parallelism, off otherwise.
+        `max_model_len`: the context (prompt + output) a request may reach, up to the model's
+        max_position_embeddings and what the KV pool holds (InputError beyond either); None: the most both allow."""
         _check_sizes(tokens_per_block, max_batch_size, max_num_tokens)
         self._tp = _start_tp(tensor_parallel_size, model, config, dtype, device, load_format, seed, attention_backend,
                              tokens_per_block, cuda_graphs, speculative_model)
@@ -110,7 +112,7 @@ class LLM:
                                      max_num_tokens)
         self.async_scheduling = _async_choice(async_scheduling, self.device, self.spec, self._tp)
         self.engine = self._build_engine(num_blocks, tokens_per_block, kv_dtype, max_batch_size, max_num_tokens,
-                                         enable_prefix_caching, seed, cuda_graphs)
+                                         enable_prefix_caching, seed, cuda_graphs, max_model_len)
         self._ids = itertools.count()
         self._tracked: dict[int, Sequence] = {}  # requests whose Sequence the caller will read back
 
@@ -145,10 +147,11 @@ class LLM:
         torch.cuda.empty_cache()
 
     def _build_engine(self, num_blocks: int, P: int, kv_dtype: KVDtype, max_batch_size: int, max_num_tokens: int,
-                      caching: bool, seed: int, graphs: bool) -> Engine:
-        max_pos = self.config.max_position_embeddings
-        max_pages = min(-(-max_pos // P), num_blocks)
-        self.max_model_len = min(max_pos, max_pages * P) - _spec_lookahead(self.spec)
+                      caching: bool, seed: int, graphs: bool, max_model_len: int | None = None) -> Engine:
+        lookahead = _spec_lookahead(self.spec)
+        self.max_model_len = context_length(max_model_len, self.config.max_position_embeddings, num_blocks, P,
+                                            lookahead)
+        max_pages = -(-(self.max_model_len + lookahead) // P)
         extra = 1 if graphs else 0  # graphs: one scratch page, owned by no request, for padding rows
         if self._tp is not None:
             self._tp.alloc(num_blocks + extra, P, kv_dtype)  # the other ranks' pools mirror this one
@@ -364,6 +367,23 @@ def _as_prompt_list(prompts: Any) -> list:
     if prompts and all(isinstance(t, int) for t in prompts):
         return [prompts]  # one prompt of token ids
     return prompts
+
+
+def context_length(asked: int | None, max_pos: int, num_blocks: int, P: int, lookahead: int = 0) -> int:
+    """max_model_len: `asked`, or the most that positions and the pool allow; speculation keeps `lookahead`
+    positions past it. InputError when `asked` exceeds max_position_embeddings or the KV pool."""
+    most = min(max_pos, num_blocks * P) - lookahead
+    if asked is None:
+        return most
+    if asked < 2:
+        raise InputError(f"max_model_len must be >= 2, got {asked}")
+    if asked + lookahead > max_pos:
+        raise InputError(f"max_model_len {asked} exceeds the model's max_position_embeddings {max_pos}"
+                         + (f" (less {lookahead} speculative lookahead positions)" if lookahead else ""))
+    if asked + lookahead > num_blocks * P:
+        raise InputError(f"max_model_len {asked} needs {-(-(asked + lookahead) // P)} KV pages of {P} tokens; "
+                         f"the pool has {num_blocks}: raise num_kv_blocks (or gpu_memory_utilization)")
+    return asked
 
 
 def _dtype(name: str | torch.dtype) -> torch.dtype:

@@ -154,6 +154,20 @@ def test_metrics_prometheus_text(served):
     assert httpx.get(served["url"] + "/metrics").status_code == 401
 
 
+def test_metrics_export_prefix_cache_counters(served):
+    """prefix_cache_{queries,hits}_total (tokens) and cache_config_info's block_size, read back by the sweep."""
+    from m3bench.bench.sweep import scrape_metrics
+
+    before = asyncio.run(scrape_metrics(served["url"], KEY))
+    prompt = [7 + i % 300 for i in range(260)]
+    for _ in range(2):
+        _client(served).completions.create(model="tiny", prompt=prompt, max_tokens=1)
+    after = asyncio.run(scrape_metrics(served["url"], KEY))
+    assert after.page_tokens == 128
+    win = after.prefix.minus(before.prefix)
+    assert (win.queried_tokens, win.hit_tokens) == (520, 256)  # the second request reuses 2 whole pages
+
+
 async def _stream_and_maybe_drop(session, url, rng, i):
     body = {"model": "tiny", "prompt": [1 + i % 50, 2, 3, 4], "max_tokens": 24 if i % 2 else 6, "stream": True,
             "ignore_eos": True, "temperature": 0}

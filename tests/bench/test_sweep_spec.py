@@ -76,7 +76,7 @@ async def _exercise(base: str, proc) -> None:
     import aiohttp
 
     await wait_healthy(base, proc, timeout_s=120)
-    before = await scrape_metrics(base, None)
+    before = (await scrape_metrics(base, None)).spec
     async with aiohttp.ClientSession() as s:
         async with s.get(f"{base}/metrics") as r:
             text = await r.text()
@@ -109,7 +109,7 @@ def test_inprocess_window_excludes_warmup(tiny_pair, tmp_path):
     async def go():
         async with open_target(cfg, 1) as (tgt, tok, scrape):
             row = await run_point(cfg, PointKey(1, 2, 16, 24), tgt, tok, scrape)
-            return row, await scrape(), tgt.engine.llm.spec_stats()
+            return row, (await scrape()).spec, tgt.engine.llm.spec_stats()
 
     row, totals, stats = asyncio.run(go())
     assert (totals.drafts, totals.accepted_tokens) == (stats.drafts, stats.accepted)  # /metrics = llm.spec_stats()
