@@ -1,6 +1,6 @@
 """The Pareto sweep: for each TP, engine up once; for each (ISL, OSL) and concurrency, warm up, run, record.
 
-    cfg = SweepConfig(out_dir=Path("out"), engine=EngineOptions("ckpt"), tps=(1,), concurrencies=(1, 4),
+    cfg = SweepConfig(out_dir=Path("out"), engine=EngineConfig(Path("ckpt")), tps=(1,), concurrencies=(1, 4),
                       lengths=((1024, 256),))
     rows = run_sweep(cfg)                         # one aggregated row per point, written as it finishes
 
@@ -34,8 +34,9 @@ import numpy as np
 from m3bench.bench.client import EngineTarget, LoadResult, OpenAITarget, measure_client_overhead, run_load
 from m3bench.bench.metrics import EmptySampleError, compute_metrics
 from m3bench.bench.records import Slo, SpecCounters, write_records
-from m3bench.bench.engine_options import EngineOptions
+from m3bench.bench.engine_options import serve_args
 from m3bench.bench.workload import (DatasetKind, LengthRange, WorkloadPrompt, dataset_prompts, random_prompts)
+from m3bench.runtime.engine_config import EngineConfig, resolve
 from m3bench.runtime.errors import InputError
 
 X_KEY = "interactivity_x90"
@@ -54,7 +55,7 @@ class TargetKind(str, Enum):
 @dataclass(frozen=True)
 class SweepConfig:
     out_dir: Path
-    engine: EngineOptions | None  # None for an external server
+    engine: EngineConfig | None  # None for an external server (its tensor_parallel_size: replaced by each of tps)
     tps: tuple[int, ...] = (1,)
     concurrencies: tuple[int, ...] = (1,)
     lengths: tuple[tuple[int, int], ...] = ((1024, 256),)
@@ -80,9 +81,6 @@ class SweepConfig:
             raise InputError("an external target needs --base-url")
         if self.target is not TargetKind.EXTERNAL and self.engine is None:
             raise InputError("the bundled engine needs --model")
-        if self.target is TargetKind.SERVE and any(tp != 1 for tp in self.tps):
-            raise InputError("`m3bench serve` takes no TP size yet: sweep TP > 1 in-process (without --serve), "
-                             "or point --base-url at a server started with that TP")
         if min(self.tps, default=0) < 1:
             raise InputError(f"TP sizes must be >= 1, got {list(self.tps)}")
         if self.repeats < 1 or min(self.concurrencies, default=0) < 1 or not self.lengths:
@@ -132,6 +130,17 @@ async def _sweep(cfg: SweepConfig, on_point: Callable[[dict], None]) -> list[dic
                 runs.append(row)
                 on_point(row)
     return runs
+
+
+def engine_for(cfg: SweepConfig, tp: int) -> EngineConfig:
+    """The resolved engine settings of the points at this TP (CUDA graphs and overlap default per TP)."""
+    return resolve(replace(cfg.engine, tensor_parallel_size=tp))
+
+
+def check_engines(engine: EngineConfig, tps: Sequence[int]) -> None:
+    """InputError when any TP size's engine cannot run on this machine (before any point starts)."""
+    for tp in tps:
+        resolve(replace(engine, tensor_parallel_size=tp))
 
 
 def _keys(cfg: SweepConfig, tp: int) -> list[PointKey]:
@@ -192,14 +201,14 @@ def _synthetic(cfg: SweepConfig) -> bool | None:
     None for an external server (not known)."""
     if cfg.engine is None:
         return None
-    return cfg.engine.draft_dir is not None and cfg.engine.synthetic_acceptance is not None
+    return cfg.engine.draft is not None and cfg.engine.synthetic_acceptance is not None
 
 
 def fingerprint(cfg: SweepConfig, key: PointKey) -> str:
     """Hash of every setting that shapes a point's numbers (resume reruns a point whose settings changed)."""
     parts = [asdict(key), cfg.counts(key.concurrency), asdict(cfg.length_range), cfg.dataset.value,
              str(cfg.dataset_path), cfg.target.value, cfg.base_url, cfg.served_model,
-             asdict(cfg.engine) if cfg.engine else None, cfg.request_rate, cfg.burstiness, cfg.seed,
+             engine_for(cfg, key.tp).to_dict() if cfg.engine else None, cfg.request_rate, cfg.burstiness, cfg.seed,
              asdict(cfg.slo) if cfg.slo else None]
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -244,7 +253,7 @@ async def open_target(cfg: SweepConfig, tp: int = 1) -> AsyncIterator[tuple[Any,
         async with _inprocess(cfg, tp) as opened:
             yield opened
     elif cfg.target is TargetKind.SERVE:
-        async with _served(cfg) as opened:
+        async with _served(cfg, tp) as opened:
             yield opened
     else:
         target = OpenAITarget(cfg.base_url, cfg.served_model, cfg.api_key)
@@ -258,7 +267,9 @@ async def open_target(cfg: SweepConfig, tp: int = 1) -> AsyncIterator[tuple[Any,
 async def _inprocess(cfg: SweepConfig, tp: int):
     from m3bench.runtime.async_llm import AsyncLLM
 
-    llm = replace(cfg.engine, tensor_parallel_size=tp).build()  # TP > 1: worker processes until shutdown
+    from m3bench.runtime.llm import LLM
+
+    llm = LLM.from_config(engine_for(cfg, tp))  # TP > 1: worker processes until shutdown
     engine = AsyncLLM(llm)
 
     async def scrape() -> SpecCounters | None:
@@ -268,7 +279,7 @@ async def _inprocess(cfg: SweepConfig, tp: int):
     try:
         tokenizer = _tokenizer(cfg.tokenizer) if cfg.tokenizer else llm.tokenizer
         if tokenizer is None:  # prompts are drawn from a tokenizer's ids (any tokenizer: its vocab may be smaller)
-            raise InputError(f"{cfg.engine.model_dir} has no tokenizer to draw prompts from: pass --tokenizer DIR")
+            raise InputError(f"{cfg.engine.model} has no tokenizer to draw prompts from: pass --tokenizer DIR")
         yield EngineTarget(engine), tokenizer, scrape
     finally:
         engine.shutdown()
@@ -276,14 +287,14 @@ async def _inprocess(cfg: SweepConfig, tp: int):
 
 
 @asynccontextmanager
-async def _served(cfg: SweepConfig):
+async def _served(cfg: SweepConfig, tp: int):
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
-    proc = start_server(cfg.engine, port, cfg.api_key)
+    proc = start_server(engine_for(cfg, tp), port, cfg.api_key)
     target = OpenAITarget(base_url, "m3bench-sweep", cfg.api_key, token_ids_ext=True)
     try:
         await wait_healthy(base_url, proc)
-        yield target, _tokenizer(cfg.tokenizer or cfg.engine.model_dir), lambda: scrape_metrics(base_url, cfg.api_key)
+        yield target, _tokenizer(cfg.tokenizer or str(cfg.engine.model)), lambda: scrape_metrics(base_url, cfg.api_key)
     finally:
         await target.close()
         stop_server(proc)
@@ -306,9 +317,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(opts: EngineOptions, port: int, api_key: str | None) -> subprocess.Popen:
+def start_server(opts: EngineConfig, port: int, api_key: str | None) -> subprocess.Popen:
     """`m3bench serve` on 127.0.0.1:port as a child process (its stderr goes to ours)."""
-    cmd = [sys.executable, "-m", "m3bench", "serve", *opts.cli_args(), "--port", str(port),
+    cmd = [sys.executable, "-m", "m3bench", "serve", *serve_args(opts), "--port", str(port),
            "--served-model-name", "m3bench-sweep"]
     env = dict(os.environ, **({"M3BENCH_API_KEY": api_key} if api_key else {}))
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
@@ -478,5 +489,6 @@ def write_results(out_dir: Path, rows: Sequence[dict], frontier_rows: Sequence[d
 
 
 def config_summary(cfg: SweepConfig) -> dict:
-    d = asdict(replace(cfg, api_key="***" if cfg.api_key else None))
+    d = asdict(replace(cfg, api_key="***" if cfg.api_key else None, engine=None))
+    d["engine"] = cfg.engine.to_dict() if cfg.engine else None
     return json.loads(json.dumps(d, default=str))

@@ -15,7 +15,6 @@ import itertools
 import weakref
 import sys
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Any, Iterator, Sequence as Seq
 
@@ -25,6 +24,7 @@ from m3bench.runtime.attention.metadata import build_attn_metadata
 from m3bench.runtime.block_manager import BlockManager, blocks_for_budget
 from m3bench.runtime.config import ModelConfig
 from m3bench.runtime.engine import DecodeGraphs, Engine, ModelRunner, RequestDelta
+from m3bench.runtime.engine_config import EngineConfig, LoadFormat, resolve
 from m3bench.runtime.errors import InputError
 from m3bench.runtime.kv_cache import KVCache, KVDtype
 from m3bench.runtime.overlap_engine import OverlapEngine
@@ -37,11 +37,6 @@ __all__ = ["LLM", "SamplingParams", "RequestOutput", "RequestDelta", "LoadFormat
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16, "float64": torch.float64}
 CPU_DEFAULT_POOL_TOKENS = 16384  # pool size on CPU when num_kv_blocks is not given
-
-
-class LoadFormat(Enum):
-    AUTO = "auto"  # weights from the checkpoint's safetensors
-    DUMMY = "dummy"  # random weights (benchmarking); only config.json is read
 
 
 @dataclass(frozen=True)
@@ -113,6 +108,20 @@ class LLM:
                                          enable_prefix_caching, seed, cuda_graphs)
         self._ids = itertools.count()
         self._tracked: dict[int, Sequence] = {}  # requests whose Sequence the caller will read back
+
+    @classmethod
+    def from_config(cls, cfg: EngineConfig) -> "LLM":
+        """The engine an EngineConfig describes ("auto" settings are resolved on this machine first)."""
+        cfg = cfg if cfg.is_resolved else resolve(cfg)
+        return cls(cfg.model, device=cfg.device, dtype=cfg.dtype.value, kv_cache_dtype=cfg.kv_cache_dtype.value,
+                   tokens_per_block=cfg.tokens_per_block, load_format=cfg.load_format.value,
+                   max_batch_size=cfg.max_batch_size, max_num_tokens=cfg.max_num_tokens,
+                   num_kv_blocks=cfg.num_kv_blocks, gpu_memory_utilization=cfg.gpu_memory_utilization,
+                   enable_prefix_caching=cfg.enable_prefix_caching, cuda_graphs=cfg.cuda_graphs, seed=cfg.seed,
+                   attention_backend=cfg.attention_backend.value, speculative_model=cfg.draft,
+                   draft_len=cfg.draft_len, draft_kv=cfg.draft_kv.value,
+                   synthetic_acceptance_length=cfg.synthetic_acceptance, draft_page_size=cfg.draft_page_size,
+                   tensor_parallel_size=cfg.tensor_parallel_size, async_scheduling=cfg.async_scheduling)
 
     def _pool_size(self, num_kv_blocks: int | None, P: int, kv_dtype: KVDtype, utilization: float,
                    max_num_tokens: int) -> int:

@@ -118,8 +118,8 @@ def test_sweep_end_to_end_resume_and_gate(tiny_ckpt, tmp_path):
 
 def test_sweep_input_errors(tiny_ckpt, tmp_path):
     runner = CliRunner()
-    res = runner.invoke(app, _sweep_args(tiny_ckpt, tmp_path / "x", "--serve", "--tp", "2"))
-    assert res.exit_code == 2 and "takes no TP size" in res.output
+    res = runner.invoke(app, _sweep_args(tiny_ckpt, tmp_path / "x", "--tp", "0"))
+    assert res.exit_code == 2 and "--tp" in res.output
     res = runner.invoke(app, _sweep_args(tiny_ckpt, tmp_path / "x", "--max-regression", "5"))
     assert res.exit_code == 2 and "--baseline" in res.output
     res = runner.invoke(app, _sweep_args(tiny_ckpt, tmp_path / "x", "--concurrency", "0"))
