@@ -32,7 +32,7 @@ from typing import Any, AsyncIterator, Callable, Sequence
 import numpy as np
 
 from m3bench.bench.client import EngineTarget, LoadResult, OpenAITarget, measure_client_overhead, run_load
-from m3bench.bench.metrics import EmptySampleError, compute_metrics
+from m3bench.bench.metrics import EmptySampleError, compute_host_timing, compute_metrics
 from m3bench.bench.records import Slo, SpecCounters, write_records
 from m3bench.bench.engine_options import serve_args
 from m3bench.bench.workload import (DatasetKind, LengthRange, WorkloadPrompt, dataset_prompts, random_prompts)
@@ -155,11 +155,14 @@ async def run_point(cfg: SweepConfig, key: PointKey, target: Any, tokenizer: Any
     prompts = make_prompts(cfg, tokenizer, key, n_run, salt=0)
     if warm:
         await run_load(target, warm, key.concurrency)
-    before = await scrape()
+    before, clock = await scrape(), target.step_clock
+    mark = clock.mark() if clock is not None else None
     result = await run_load(target, prompts, key.concurrency, cfg.request_rate, cfg.burstiness, cfg.seed)
     spec = _spec_window(before, await scrape())
+    steps = clock.since(mark) if clock is not None else None
     floor = await measure_client_overhead(key.concurrency, output_len=max(2, min(key.osl, 64)))
     row = point_row(cfg, key, result, spec, floor)
+    row.update(host_timing_row(steps, result.duration_s))
     row["num_wrong_output_len"] = sum(r.ok and r.output_tokens != p.output_len for r, p in zip(result.records, prompts))
     _save(cfg, key, result, row)
     return row
@@ -194,6 +197,17 @@ def point_row(cfg: SweepConfig, key: PointKey, result: LoadResult, spec: SpecCou
     row["client_floor_itl_ms"] = compute_metrics(floor.records, floor.duration_s).itl_ms.mean
     row["first_error"] = next((r.error for r in result.records if r.error), None)
     return row
+
+
+HOST_KEYS = ("engine_steps", "host_ms_per_step_median", "host_ms_per_step_p90", "device_idle_share")
+
+
+def host_timing_row(steps: list | None, window_s: float) -> dict:
+    """The point's host time per engine step and device idle share (bench/metrics.py); None values when the
+    target is not in this process (a server's steps are not seen) or ran no step."""
+    if not steps or window_s <= 0:
+        return dict.fromkeys(HOST_KEYS)
+    return asdict(compute_host_timing(steps, window_s))
 
 
 def _synthetic(cfg: SweepConfig) -> bool | None:

@@ -109,6 +109,9 @@ def sweep(
 
     x90 interactivity: 1000 / P90 TPOT_ms (tok/s/user). Throughput per GPU: (prompt + output) tok/s / TP.
 
+    Host ms/step (in-process engine only): engine step wall time - its forward time, p50 and p90 over the
+    window's steps. Device idle: 1 - the steps' forward time / window wall time.
+
     Gate: exit 1 when tok/s/GPU or x90 at a common point falls by > --max-regression % and > the repeat spread.
     """
     from m3bench.bench.records import Slo
@@ -187,17 +190,19 @@ def _table(rows: list[dict], front: list[dict], changes) -> None:
     delta = {(c.key, c.metric): c for c in changes}
     t = Table(title="m3bench sweep (client side; ITL = chunk gaps, TPOT per request)")
     for col in ("TP", "C", "ISL", "OSL", "req/s", "out tok/s", "tok/s/GPU", "TTFT p50 ms", "TTFT p99 ms",
-                "TPOT p50 ms", "TPOT p90 ms", "ITL p50 ms", "x90 tok/s/user", "AL", "failed", "frontier", "vs baseline"):
+                "TPOT p50 ms", "TPOT p90 ms", "ITL p50 ms", "x90 tok/s/user", "AL", "host ms/step p50",
+                "host ms/step p90", "device idle", "failed", "frontier", "vs baseline"):
         t.add_column(col, justify="right")
     for r in rows:
         key = (r["tp"], r["concurrency"], r["isl"], r["osl"])
         if "error" in r:
-            t.add_row(*map(str, key), *["-"] * 10, str(r.get("num_failed", "?")), "", f"[red]{r['error']}[/red]")
+            t.add_row(*map(str, key), *["-"] * 13, str(r.get("num_failed", "?")), "", f"[red]{r['error']}[/red]")
             continue
         t.add_row(*map(str, key), f"{r['request_per_s']:.2f}", f"{r['output_tok_per_s']:.1f}",
                   f"{r['total_tok_per_s_per_gpu']:.1f}", f"{r['ttft_ms_median']:.1f}", f"{r['ttft_ms_p99']:.1f}",
                   f"{r['tpot_ms_median']:.2f}", f"{r['tpot_ms_p90']:.2f}", f"{r['itl_ms_median']:.2f}",
-                  f"{r['interactivity_x90']:.1f}", _al_text(r), str(r["num_failed"]), "*" if key in keys else "",
+                  f"{r['interactivity_x90']:.1f}", _al_text(r), *_host_text(r), str(r["num_failed"]),
+                  "*" if key in keys else "",
                   _change_text(delta, key))
     console = Console(stderr=True)
     if not console.is_terminal:
@@ -209,6 +214,15 @@ def _al_text(row: dict) -> str:
     """Acceptance length of the measured window ("2.50 syn" when forced by --synthetic-acceptance)."""
     al = row.get("spec_acceptance_length")
     return "-" if al is None else f"{al:.2f}" + (" syn" if row.get("synthetic") else "")
+
+
+def _host_text(row: dict) -> tuple[str, str, str]:
+    """Host ms per engine step (p50, p90) and the device idle share; "-" where the engine is not in this
+    process (bench/metrics.py compute_host_timing)."""
+    if row.get("host_ms_per_step_median") is None:
+        return "-", "-", "-"
+    return (f"{row['host_ms_per_step_median']:.2f}", f"{row['host_ms_per_step_p90']:.2f}",
+            f"{100 * row['device_idle_share']:.0f}%")
 
 
 def _overhead(rows: list[dict]) -> None:
