@@ -36,6 +36,7 @@ class StepClock:
         self._records: deque = deque(maxlen=MAX_RECORDS)  # (step_s, [forward timings]) per step
         self._count = 0  # steps ever recorded (marks stay valid after the deque drops old steps)
         self._open: list[Any] | None = None  # the forwards of the step in progress
+        self._unread: deque = deque()  # CUDA: forward lists whose events may not have completed yet
         self._lock = threading.Lock()
 
     @contextmanager
@@ -53,6 +54,7 @@ class StepClock:
             with self._lock:
                 self._records.append(record)
                 self._count += 1
+                self._read_completed(record[1])
 
     @contextmanager
     def forward(self) -> Iterator[None]:
@@ -76,6 +78,21 @@ class StepClock:
         end.record()
         self._open.append((begin, end))
 
+    def _read_completed(self, forwards: list[Any]) -> None:
+        """CUDA: turn the event pairs of completed steps into seconds (steps complete in order), so only the
+        steps still in flight hold events."""
+        if not self.cuda:
+            return
+        self._unread.append(forwards)
+        while self._unread and all(end.query() for _, end in _pairs(self._unread[0])):
+            done = self._unread.popleft()
+            done[:] = [_seconds(f) for f in done]
+
+    @property
+    def in_flight(self) -> int:
+        """Steps whose CUDA events are not read yet (0 on CPU)."""
+        return len(self._unread)
+
     def mark(self) -> int:
         """A point in the step sequence; `since(mark)` returns the steps after it."""
         with self._lock:
@@ -87,6 +104,10 @@ class StepClock:
             n = min(self._count - mark, len(self._records))
             recent = list(self._records)[len(self._records) - n:] if n > 0 else []
         return [StepRecord(step_s, sum(_seconds(f) for f in forwards)) for step_s, forwards in recent]
+
+
+def _pairs(forwards: list[Any]) -> list[Any]:
+    return [f for f in forwards if not isinstance(f, float)]
 
 
 def _seconds(timing: Any) -> float:

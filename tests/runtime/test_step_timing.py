@@ -47,3 +47,45 @@ def test_forwards_outside_a_step_are_not_counted():
                 pass
     (record,) = clock.since(0)
     assert 0 <= record.forward_s <= record.step_s
+
+
+class FakeEvent:
+    """A CUDA event stand-in: completes when the test says so; 'device time' = ms between record calls."""
+
+    clock_ms = 0.0
+    done = False
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        self.at = None
+
+    def record(self) -> None:
+        FakeEvent.clock_ms += 2.5
+        self.at = FakeEvent.clock_ms
+
+    def query(self) -> bool:
+        return FakeEvent.done
+
+    def synchronize(self) -> None:
+        FakeEvent.done = True
+
+    def elapsed_time(self, end: "FakeEvent") -> float:
+        return end.at - self.at
+
+
+def test_cuda_forwards_are_read_from_events_once_complete(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(FakeEvent, "done", False)
+    clock = StepClock(cuda=True)
+    for _ in range(3):
+        with clock.step():
+            with clock.forward():
+                pass
+    assert clock.in_flight == 3  # the events are kept until they complete
+    FakeEvent.done = True
+    with clock.step():
+        pass
+    assert clock.in_flight == 0  # completed steps hold seconds, not events
+    records = clock.since(0)
+    assert [r.forward_s for r in records] == [pytest.approx(0.0025)] * 3 + [0.0]
