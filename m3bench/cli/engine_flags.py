@@ -50,7 +50,8 @@ ASYNC_HELP = ("Overlap scheduling: schedule step N+1 while step N runs on the de
 
 @dataclass(frozen=True)
 class Flag:
-    name: str  # the EngineFlags field (and the command's keyword parameter)
+    name: str  # the EngineFlags field and the command's keyword parameter (= the EngineConfig field, but
+    # CONFIG_FIELD's and tp: a list of sizes for the sweep, EngineConfig.tensor_parallel_size elsewhere)
     annotation: Any
     option: Any  # typer.Option(...)
 
@@ -96,6 +97,7 @@ FLAGS = (
                                                        "model's).")),
 )
 FLAG_NAMES = tuple(f.name for f in FLAGS)
+CONFIG_FIELD = {"prefix_caching": "enable_prefix_caching"}  # flag -> EngineConfig field where the names differ
 
 
 @dataclass(frozen=True)
@@ -140,14 +142,8 @@ class EngineFlags:
             tp = sizes[0]
         if self.draft is not None and not self.draft.is_dir():
             raise InputError(f"draft directory {self.draft} does not exist")
-        return EngineConfig(
-            model=model, load_format=self.load_format, device=self.device, dtype=self.dtype,
-            kv_cache_dtype=self.kv_cache_dtype, tokens_per_block=self.tokens_per_block,
-            max_batch_size=self.max_batch_size, max_num_tokens=self.max_num_tokens, num_kv_blocks=self.num_kv_blocks,
-            gpu_memory_utilization=self.gpu_memory_utilization, enable_prefix_caching=self.prefix_caching,
-            cuda_graphs=self.cuda_graphs, async_scheduling=self.async_scheduling,
-            attention_backend=self.attention_backend, tensor_parallel_size=tp, seed=seed, draft=self.draft,
-            draft_len=self.draft_len, draft_kv=self.draft_kv, synthetic_acceptance=self.synthetic_acceptance)
+        values = {CONFIG_FIELD.get(f, f): getattr(self, f) for f in FLAG_NAMES if f != "tp"}
+        return EngineConfig(model=model, seed=seed, tensor_parallel_size=tp, **values)
 
     def config(self, model: Path | None, seed: int = 0, tp: int | None = None) -> EngineConfig:
         """The resolved EngineConfig (this machine's device, dtype, graphs and overlap decided)."""

@@ -48,6 +48,15 @@ def test_defaults_are_auto_and_shown_in_help():
         assert flag in out
 
 
+def test_engine_flags_defaults_are_the_options_defaults():
+    from dataclasses import fields
+
+    assert tuple(f.name for f in fields(EngineFlags)) == FLAG_NAMES
+    params = _engine_params("generate")
+    for f in fields(EngineFlags):
+        assert getattr(params[f.name].default, "value", params[f.name].default) == f.default, f.name
+
+
 def test_a_command_declaring_an_engine_flag_itself_is_refused():
     def cmd(device: str = "cpu", engine: EngineFlags = EngineFlags()) -> None: ...
 

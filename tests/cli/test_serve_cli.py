@@ -29,8 +29,8 @@ def test_async_scheduling_flags_round_trip(tmp_path):
     from m3bench.runtime.engine_config import EngineConfig
 
     assert "async-scheduling" not in " ".join(serve_args(EngineConfig(Path("m"))))
-    assert serve_args(EngineConfig(Path("m"), async_scheduling=True))[-1] == "--async-scheduling"
-    assert serve_args(EngineConfig(Path("m"), async_scheduling=False))[-1] == "--no-async-scheduling"
+    assert "--async-scheduling" in serve_args(EngineConfig(Path("m"), async_scheduling=True))
+    assert "--no-async-scheduling" in serve_args(EngineConfig(Path("m"), async_scheduling=False))
     from m3bench.runtime.speculative.tiny_draft import write_tiny_draft
     from m3bench.runtime.tiny import write_tiny_checkpoint
 
