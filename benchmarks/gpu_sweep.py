@@ -135,14 +135,13 @@ def counts(concurrency: int) -> tuple[int, int]:
 
 
 def engine_options(st: Settings, target: Path, draft: Path | None):
-    from m3bench.bench.engine_options import EngineOptions
+    from m3bench.runtime.engine_config import EngineConfig
 
-    spec = {} if draft is None else dict(draft_dir=str(draft), draft_len=st.draft_len,
-                                         synthetic_acceptance=st.synthetic_al,
+    spec = {} if draft is None else dict(draft=draft, draft_len=st.draft_len, synthetic_acceptance=st.synthetic_al,
                                          draft_kv="shared" if st.trace else "separate")
-    return EngineOptions(str(target), load_format="dummy", device=st.device, dtype=st.dtype,
-                         kv_cache_dtype=st.kv_cache_dtype, max_batch_size=max(st.concurrencies),
-                         cuda_graphs=st.device == "cuda" and (draft is None or st.spec_graphs), **spec)
+    return EngineConfig(target, load_format="dummy", device=st.device, dtype=st.dtype,
+                        kv_cache_dtype=st.kv_cache_dtype, max_batch_size=max(st.concurrencies),
+                        cuda_graphs=st.device == "cuda" and (draft is None or st.spec_graphs), **spec)
 
 
 def point_config(base, concurrency: int):
@@ -229,7 +228,7 @@ def run_sweeps(st: Settings, out: Path, work: Path) -> dict[str, list[dict]]:
     for label, draft_dir, deadline in plans:
         base = SweepConfig(out_dir=out / label, engine=engine_options(st, target, draft_dir), lengths=((st.isl, st.osl),),
                            concurrencies=st.concurrencies, seed=0, trace=trace_spec(st))
-        print(f"sweep {label}: {json.dumps(asdict(base.engine))}", file=sys.stderr, flush=True)
+        print(f"sweep {label}: {json.dumps(base.engine.to_dict())}", file=sys.stderr, flush=True)
         try:
             rows, skipped = asyncio.run(run_one_sweep(base, st, deadline))
         except Exception as e:  # one sweep's failure (engine build, OOM) must not lose the other's figures

@@ -178,6 +178,7 @@ class EngineTarget:
     def __init__(self, engine: Any, temperature: float = 0.0) -> None:
         self.engine = engine
         self.temperature = temperature
+        self.step_clock = engine.llm.clock  # the engine's own step timing (runtime/step_timing.py)
 
     async def stream(self, prompt: WorkloadPrompt) -> AsyncIterator[Chunk]:
         from m3bench.runtime import SamplingParams
@@ -214,6 +215,7 @@ class OpenAITarget:
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.send_text, self.token_ids_ext, self.temperature = send_text, token_ids_ext, temperature
         self._session = None
+        self.step_clock = None  # a server's engine steps are not seen from here
 
     async def _client(self):
         import aiohttp

@@ -18,6 +18,12 @@ figure) and `possible_prefix_hits` (what an unbounded prefix cache of whole page
 replayed in trace order: the figure a reached hit rate is held against).
 Percentiles are numpy's linear ones, std is the population std (as vLLM).
 Failed requests are counted in `num_failed` and never averaged in. An empty sample raises.
+
+Engine side, in-process only (`compute_host_timing`, from the engine's own StepRecords of the window):
+- host ms per engine step: (step wall time - its forward time) x 1000, median and P90 over the steps;
+  forward = the model's forward passes and logits (target and draft; runtime/step_timing.py).
+- device idle share: 1 - (sum of the steps' forward time) / window wall time, in [0, 1]: the share of the
+  measured window in which no forward ran (between steps, and during each step's host work).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import numpy as np
 from m3bench.bench.records import PrefixCounters, RequestRecord, Slo, SpecCounters
 from m3bench.bench.trace import TraceRequest
 from m3bench.runtime.errors import InputError
+from m3bench.runtime.step_timing import StepRecord
 
 
 class EmptySampleError(InputError):
@@ -257,3 +264,23 @@ def _accepted_histogram(drafts: int, pos: tuple[int, ...]) -> tuple[int, ...]:
         return ()
     at_least = (drafts, *pos, 0)
     return tuple(at_least[k] - at_least[k + 1] for k in range(len(pos) + 1))
+
+
+@dataclass(frozen=True)
+class HostTiming:
+    """Host work per engine step and the share of the window the device sat idle (module docstring)."""
+
+    engine_steps: int
+    host_ms_per_step_median: float
+    host_ms_per_step_p90: float
+    device_idle_share: float
+
+
+def compute_host_timing(steps: Sequence[StepRecord], window_s: float) -> HostTiming:
+    """The window's HostTiming; no step raises EmptySampleError. A step's host time is at least 0 (on CUDA an
+    overlapped step's device time can outlast its host wall time)."""
+    if window_s <= 0:
+        raise ValueError(f"window_s must be positive, got {window_s}")
+    host = Stats.of([max(s.step_s - s.forward_s, 0.0) * 1e3 for s in steps], "engine steps")
+    busy = sum(s.forward_s for s in steps)
+    return HostTiming(len(steps), host.median, host.p90, min(max(1.0 - busy / window_s, 0.0), 1.0))

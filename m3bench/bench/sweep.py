@@ -1,6 +1,6 @@
 """The Pareto sweep: for each TP, engine up once; for each (ISL, OSL) and concurrency, warm up, run, record.
 
-    cfg = SweepConfig(out_dir=Path("out"), engine=EngineOptions("ckpt"), tps=(1,), concurrencies=(1, 4),
+    cfg = SweepConfig(out_dir=Path("out"), engine=EngineConfig(Path("ckpt")), tps=(1,), concurrencies=(1, 4),
                       lengths=((1024, 256),))
     rows = run_sweep(cfg)                         # one aggregated row per point, written as it finishes
 
@@ -37,15 +37,16 @@ from typing import Any, AsyncIterator, Callable, Sequence
 import numpy as np
 
 from m3bench.bench.client import EngineTarget, LoadResult, OpenAITarget, measure_client_overhead, run_load
-from m3bench.bench.metrics import EmptySampleError, compute_metrics
+from m3bench.bench.metrics import EmptySampleError, compute_host_timing, compute_metrics
 from m3bench.bench.child_process import start_child, stop_child
 from m3bench.bench.records import EngineCounters, PrefixCounters, Slo, SpecCounters, write_records
 from m3bench.strict_json import dumps_strict
 from m3bench.bench.sweep_checks import check_lengths, probe_server
-from m3bench.bench.engine_options import EngineOptions
+from m3bench.bench.engine_options import serve_args
 from m3bench.bench.trace import TraceSchedule, TraceSpec
 from m3bench.bench.trace_replay import TracePlan, plan_trace_point, window_lengths
 from m3bench.bench.workload import (DatasetKind, LengthRange, WorkloadPrompt, dataset_prompts, random_prompts)
+from m3bench.runtime.engine_config import EngineConfig, resolve
 from m3bench.runtime.errors import InputError
 
 X_KEY = "interactivity_x90"
@@ -64,7 +65,7 @@ class TargetKind(str, Enum):
 @dataclass(frozen=True)
 class SweepConfig:
     out_dir: Path
-    engine: EngineOptions | None  # None for an external server
+    engine: EngineConfig | None  # None for an external server (its tensor_parallel_size: replaced by each of tps)
     tps: tuple[int, ...] = (1,)
     concurrencies: tuple[int, ...] = (1,)
     lengths: tuple[tuple[int, int], ...] = ((1024, 256),)
@@ -91,9 +92,6 @@ class SweepConfig:
             raise InputError("an external target needs --base-url")
         if self.target is not TargetKind.EXTERNAL and self.engine is None:
             raise InputError("the bundled engine needs --model")
-        if self.target is TargetKind.SERVE and any(tp != 1 for tp in self.tps):
-            raise InputError("`m3bench serve` takes no TP size yet: sweep TP > 1 in-process (without --serve), "
-                             "or point --base-url at a server started with that TP")
         if min(self.tps, default=0) < 1:
             raise InputError(f"TP sizes must be >= 1, got {list(self.tps)}")
         if self.repeats < 1 or min(self.concurrencies, default=0) < 1 or not self.lengths:
@@ -155,6 +153,17 @@ async def _sweep(cfg: SweepConfig, on_point: Callable[[dict], None]) -> list[dic
     return runs
 
 
+def engine_for(cfg: SweepConfig, tp: int) -> EngineConfig:
+    """The resolved engine settings of the points at this TP (CUDA graphs and overlap default per TP)."""
+    return resolve(replace(cfg.engine, tensor_parallel_size=tp))
+
+
+def check_engines(engine: EngineConfig, tps: Sequence[int]) -> None:
+    """InputError when any TP size's engine cannot run on this machine (before any point starts)."""
+    for tp in tps:
+        resolve(replace(engine, tensor_parallel_size=tp))
+
+
 def _keys(cfg: SweepConfig, tp: int) -> list[PointKey]:
     lengths = cfg.lengths if cfg.trace is None else (window_lengths(cfg.trace),)
     return [PointKey(tp, c, isl, osl, r) for isl, osl in lengths for c in cfg.concurrencies
@@ -176,12 +185,15 @@ async def run_point(cfg: SweepConfig, key: PointKey, target: Any, tokenizer: Any
     prompts = list(plan.prompts) if plan else make_prompts(cfg, tokenizer, key, n_run, salt=0)
     if warm:
         await run_load(target, warm, key.concurrency)
-    before = await scrape()
+    before, clock = await scrape(), target.step_clock
+    mark = clock.mark() if clock is not None else None
     result = await run_load(target, prompts, key.concurrency, cfg.request_rate, cfg.burstiness, cfg.seed,
                             arrivals_s=plan.arrivals_s if plan else None)
     counters = _counters_window(before, await scrape())
+    steps = clock.since(mark) if clock is not None else None
     floor = await measure_client_overhead(key.concurrency, output_len=max(2, min(key.osl, 64)))
     row = point_row(cfg, key, result, counters.spec, floor, counters.prefix)
+    row.update(host_timing_row(steps, result.duration_s))
     row["num_wrong_output_len"] = sum(r.ok and r.output_tokens != p.output_len for r, p in zip(result.records, prompts))
     row.update(_prompt_len_check(result, prompts, target))
     if plan is not None:
@@ -239,19 +251,30 @@ def point_row(cfg: SweepConfig, key: PointKey, result: LoadResult, spec: SpecCou
     return row
 
 
+HOST_KEYS = ("engine_steps", "host_ms_per_step_median", "host_ms_per_step_p90", "device_idle_share")
+
+
+def host_timing_row(steps: list | None, window_s: float) -> dict:
+    """The point's host time per engine step and device idle share (bench/metrics.py); None values when the
+    target is not in this process (a server's steps are not seen) or ran no step."""
+    if not steps or window_s <= 0:
+        return dict.fromkeys(HOST_KEYS)
+    return asdict(compute_host_timing(steps, window_s))
+
+
 def _synthetic(cfg: SweepConfig) -> bool | None:
     """Acceptance forced (--synthetic-acceptance): AL is the asked one, outputs are not the model's.
     None for an external server (not known)."""
     if cfg.engine is None:
         return None
-    return cfg.engine.draft_dir is not None and cfg.engine.synthetic_acceptance is not None
+    return cfg.engine.draft is not None and cfg.engine.synthetic_acceptance is not None
 
 
 def fingerprint(cfg: SweepConfig, key: PointKey) -> str:
     """Hash of every setting that shapes a point's numbers (resume reruns a point whose settings changed)."""
     parts = [asdict(key), cfg.counts(key.concurrency), asdict(cfg.length_range), cfg.dataset.value,
              str(cfg.dataset_path), cfg.target.value, cfg.base_url, cfg.served_model,
-             asdict(cfg.engine) if cfg.engine else None, cfg.request_rate, cfg.burstiness, cfg.seed,
+             engine_for(cfg, key.tp).to_dict() if cfg.engine else None, cfg.request_rate, cfg.burstiness, cfg.seed,
              asdict(cfg.slo) if cfg.slo else None]
     if cfg.trace is not None:  # (absent otherwise: fingerprints of other workloads stay what they were)
         parts += [asdict(cfg.trace), cfg.trace.digest()]
@@ -303,7 +326,7 @@ async def open_target(cfg: SweepConfig, tp: int = 1) -> AsyncIterator[tuple[Any,
         async with _inprocess(cfg, tp) as opened:
             yield opened
     elif cfg.target is TargetKind.SERVE:
-        async with _served(cfg) as opened:
+        async with _served(cfg, tp) as opened:
             yield opened
     else:
         target = OpenAITarget(cfg.base_url, cfg.served_model, cfg.api_key)
@@ -321,7 +344,9 @@ async def open_target(cfg: SweepConfig, tp: int = 1) -> AsyncIterator[tuple[Any,
 async def _inprocess(cfg: SweepConfig, tp: int):
     from m3bench.runtime.async_llm import AsyncLLM
 
-    llm = replace(cfg.engine, tensor_parallel_size=tp).build()  # TP > 1: worker processes until shutdown
+    from m3bench.runtime.llm import LLM
+
+    llm = LLM.from_config(engine_for(cfg, tp))  # TP > 1: worker processes until shutdown
     try:
         check_lengths(cfg, llm.max_model_len)
     except InputError:
@@ -332,7 +357,7 @@ async def _inprocess(cfg: SweepConfig, tp: int):
     try:
         tokenizer = _tokenizer(cfg.tokenizer) if cfg.tokenizer else llm.tokenizer
         if tokenizer is None:  # prompts are drawn from a tokenizer's ids (any tokenizer: its vocab may be smaller)
-            raise InputError(f"{cfg.engine.model_dir} has no tokenizer to draw prompts from: pass --tokenizer DIR")
+            raise InputError(f"{cfg.engine.model} has no tokenizer to draw prompts from: pass --tokenizer DIR")
         yield EngineTarget(engine), tokenizer, scrape
     finally:
         engine.shutdown()
@@ -352,15 +377,15 @@ def engine_scraper(engine: Any) -> Callable:
 
 
 @asynccontextmanager
-async def _served(cfg: SweepConfig):
+async def _served(cfg: SweepConfig, tp: int):
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
-    proc = start_server(cfg.engine, port, cfg.api_key)
+    proc = start_server(engine_for(cfg, tp), port, cfg.api_key)
     target = OpenAITarget(base_url, "m3bench-sweep", cfg.api_key, token_ids_ext=True)
     try:
         await wait_healthy(base_url, proc)
         check_lengths(cfg, probe_server(base_url, cfg.api_key))
-        yield target, _tokenizer(cfg.tokenizer or cfg.engine.model_dir), lambda: scrape_metrics(base_url, cfg.api_key)
+        yield target, _tokenizer(cfg.tokenizer or str(cfg.engine.model)), lambda: scrape_metrics(base_url, cfg.api_key)
     finally:
         await target.close()
         stop_server(proc)
@@ -383,9 +408,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(opts: EngineOptions, port: int, api_key: str | None) -> subprocess.Popen:
+def start_server(opts: EngineConfig, port: int, api_key: str | None) -> subprocess.Popen:
     """`m3bench serve` on 127.0.0.1:port as a child process (its stderr goes to ours)."""
-    cmd = [sys.executable, "-m", "m3bench", "serve", *opts.cli_args(), "--port", str(port),
+    cmd = [sys.executable, "-m", "m3bench", "serve", *serve_args(opts), "--port", str(port),
            "--served-model-name", "m3bench-sweep"]
     env = dict(os.environ, **({"M3BENCH_API_KEY": api_key} if api_key else {}))
     return start_child(cmd, env)  # dies with the sweep (own process group, parent-death signal)
@@ -571,5 +596,6 @@ def write_results(out_dir: Path, rows: Sequence[dict], frontier_rows: Sequence[d
 
 
 def config_summary(cfg: SweepConfig) -> dict:
-    d = asdict(replace(cfg, api_key="***" if cfg.api_key else None))
+    d = asdict(replace(cfg, api_key="***" if cfg.api_key else None, engine=None))
+    d["engine"] = cfg.engine.to_dict() if cfg.engine else None
     return json.loads(json.dumps(d, default=str))

@@ -30,6 +30,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     cls=GuardedGroup,  # no traceback reaches the user: exit 2 (input) or 3 (internal, log file)
+    rich_markup_mode=None,  # help text shows as written: `[r L, L]` is text, not markup
 )
 
 

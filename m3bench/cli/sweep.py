@@ -24,8 +24,8 @@ from typing import Optional
 
 import typer
 
-from m3bench.cli.engine_flags import ASYNC_HELP, CUDA_GRAPHS_HELP, MAX_MODEL_LEN_HELP
 from m3bench.cli import validate
+from m3bench.cli.engine_flags import ENGINE, EngineFlags, engine_flags
 from m3bench.cli.errors import EXIT_REGRESSION, M3BenchError, user_errors
 from m3bench.cli.out_lock import out_lock
 
@@ -97,10 +97,9 @@ def _trace_spec(path: Path | None, offset: int, max_requests: int | None, scale:
 
 
 @user_errors
+@engine_flags
 def sweep(
     model: Optional[Path] = typer.Option(None, "--model", help="Checkpoint directory (the bundled engine)."),
-    load_format: str = typer.Option("auto", "--load-format", help="auto or dummy (random weights)."),
-    tp: str = typer.Option("1", "--tp", help="Tensor-parallel sizes, e.g. 1,2,4."),
     concurrency: str = typer.Option("1,4,16,40,64", "--concurrency", help="List (1,4,16) or doubling range (1..64)."),
     isl: str = typer.Option("1024", "--isl", help="Input lengths in tokens (paired with --osl; random dataset only)."),
     osl: str = typer.Option("256", "--osl", help="Output lengths in tokens (ignore_eos)."),
@@ -130,26 +129,13 @@ def sweep(
     max_regression: Optional[float] = typer.Option(None, "--max-regression", help="Gate: allowed fall in percent."),
     repeats: int = typer.Option(1, "--repeats", min=1, help="Runs per point (their spread widens the gate)."),
     junit: Optional[Path] = typer.Option(None, "--junit", help="Write a JUnit XML of the points."),
-    synthetic_acceptance: Optional[float] = typer.Option(None, "--synthetic-acceptance",
-                                                         help="Force this acceptance length (needs --draft)."),
-    draft: Optional[Path] = typer.Option(None, "--draft", help="Eagle3 draft directory: speculative decoding "
-                                         "(with --load-format dummy only its config.json is read)."),
-    draft_len: int = typer.Option(3, "--draft-len", min=1, help="Draft tokens proposed per verify step."),
-    draft_kv: str = typer.Option("separate", "--draft-kv", help="Draft KV pages: separate or shared."),
-    cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help=CUDA_GRAPHS_HELP),
-    async_scheduling: Optional[bool] = typer.Option(None, "--async-scheduling/--no-async-scheduling", help=ASYNC_HELP),
-    max_model_len: Optional[int] = typer.Option(None, "--max-model-len", min=2, help=MAX_MODEL_LEN_HELP),
-    kv_cache_dtype: str = typer.Option("auto", "--kv-cache-dtype", help="auto (the model dtype), bf16, fp8, nvfp4, hybrid."),
-    device: str = typer.Option("cpu", "--device"),
-    dtype: str = typer.Option("auto", "--dtype"),
-    num_kv_blocks: Optional[int] = typer.Option(None, "--num-kv-blocks", min=1),
-    max_batch_size: int = typer.Option(64, "--max-batch-size", min=1),
     request_rate: float = typer.Option(math.inf, "--request-rate", help="Requests/s (inf: all at once)."),
     burstiness: float = typer.Option(1.0, "--burstiness", help="Gamma shape of arrivals (1: Poisson)."),
     slo_ttft_ms: Optional[float] = typer.Option(None, "--slo-ttft-ms", help="Goodput SLO on TTFT."),
     slo_tpot_ms: Optional[float] = typer.Option(None, "--slo-tpot-ms", help="Goodput SLO on TPOT."),
     slo_e2el_ms: Optional[float] = typer.Option(None, "--slo-e2el-ms", help="Goodput SLO on E2EL."),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", help="Workload and engine seed."),
+    engine: EngineFlags = ENGINE,
 ) -> None:
     """Measure serving points, draw the Pareto frontier, compare with a baseline (exit 1 on regression).
 
@@ -159,12 +145,14 @@ def sweep(
 
     x90 interactivity: 1000 / P90 TPOT_ms (tok/s/user). Throughput per GPU: (prompt + output) tok/s / TP.
 
+    Host ms/step (in-process engine only): engine step wall time - its forward time, p50 and p90 over the
+    window's steps. Device idle: 1 - the steps' forward time / window wall time.
+
     Gate: exit 1 when tok/s/GPU or x90 at a common point falls by > --max-regression % and > the repeat spread.
     """
     from m3bench.bench.records import Slo
-    from m3bench.bench.engine_options import EngineOptions
-    from m3bench.bench.sweep import SweepConfig, TargetKind, run_sweep
     from m3bench.bench.pareto import ParetoX
+    from m3bench.bench.sweep import SweepConfig, TargetKind, check_engines, run_sweep
     from m3bench.bench.workload import LengthRange, RangeKind
 
     if pareto_x not in (a.value for a in ParetoX):
@@ -175,21 +163,19 @@ def sweep(
         raise M3BenchError("--serve starts its own server: drop --base-url (or --serve)")
     if range_kind not in (k.value for k in RangeKind):
         raise M3BenchError(f"--range-kind must be inferencex or vllm, not {range_kind!r}")
-    engine = None
+    tps = parse_int_list(engine.tp, "tp")
+    engine_cfg = None
     if model is not None and not base_url:
-        engine = EngineOptions(str(model), load_format, device, dtype, kv_cache_dtype, max_batch_size,
-                               num_kv_blocks=num_kv_blocks, seed=seed, synthetic_acceptance=synthetic_acceptance,
-                               draft_dir=None if draft is None else str(draft), draft_len=draft_len,
-                               draft_kv=draft_kv, cuda_graphs=cuda_graphs,
-                               async_scheduling=async_scheduling, max_model_len=max_model_len)
-    elif synthetic_acceptance is not None or draft is not None:
+        engine_cfg = engine.unresolved(model, seed=seed, tp=tps[0])
+        check_engines(engine_cfg, tps)  # every TP's engine settings valid on this machine: exit 2 before any work
+    elif engine.synthetic_acceptance is not None or engine.draft is not None:
         raise M3BenchError("--draft / --synthetic-acceptance apply to the bundled engine, not to --base-url")
     kind, path = _dataset(dataset)
     trace = _trace_spec(path if kind.value == "trace" else None, trace_offset, max_requests, trace_scale, schedule,
                         time_scale)
     slo = Slo(slo_ttft_ms, slo_tpot_ms, slo_e2el_ms) if any(v is not None for v in (slo_ttft_ms, slo_tpot_ms, slo_e2el_ms)) else None
     target = TargetKind.EXTERNAL if base_url else TargetKind.SERVE if serve_http else TargetKind.INPROCESS
-    cfg = SweepConfig(out_dir=out, engine=engine, tps=parse_int_list(tp, "tp"),
+    cfg = SweepConfig(out_dir=out, engine=engine_cfg, tps=tps,
                       concurrencies=parse_int_list(concurrency, "concurrency"), lengths=length_pairs(isl, osl),
                       num_prompts=num_prompts, warmup=warmup, length_range=LengthRange(RangeKind(range_kind), range_ratio),
                       dataset=kind, dataset_path=path, target=target, base_url=base_url, api_key=api_key,
@@ -311,17 +297,17 @@ def _table(rows: list[dict], front: list[dict], changes) -> None:
     t = Table(title="m3bench sweep (client side; ITL = chunk gaps, TPOT per request)")
     for col in ("TP", "C", "ISL", "OSL", "req/s", "out tok/s", "tok/s/GPU", "TTFT p50 ms", "TTFT p99 ms",
                 "TPOT p50 ms", "TPOT p90 ms", "ITL p50 ms", "x90 tok/s/user", "E2E-int P90", "AL", "prefix hit",
-                "failed", "frontier", "vs baseline"):
+                "host ms/step p50", "host ms/step p90", "device idle", "failed", "frontier", "vs baseline"):
         t.add_column(col, justify="right")
     for r in rows:
         key = (r["tp"], r["concurrency"], r["isl"], r["osl"])
         if "error" in r:
-            t.add_row(*map(str, key), *["-"] * 12, str(r.get("num_failed", "?")), "", f"[red]{r['error']}[/red]")
+            t.add_row(*map(str, key), *["-"] * 15, str(r.get("num_failed", "?")), "", f"[red]{r['error']}[/red]")
             continue
         t.add_row(*map(str, key), f"{r['request_per_s']:.2f}", f"{r['output_tok_per_s']:.1f}",
                   f"{r['total_tok_per_s_per_gpu']:.1f}", f"{r['ttft_ms_median']:.1f}", f"{r['ttft_ms_p99']:.1f}",
                   f"{r['tpot_ms_median']:.2f}", f"{r['tpot_ms_p90']:.2f}", f"{r['itl_ms_median']:.2f}",
-                  f"{r['interactivity_x90']:.1f}", _e2e_text(r), _al_text(r), _rate(r),
+                  f"{r['interactivity_x90']:.1f}", _e2e_text(r), _al_text(r), _rate(r), *_host_text(r),
                   str(r["num_failed"]), "*" if key in keys else "",
                   _change_text(delta, key))
     console = Console(stderr=True)
@@ -340,6 +326,15 @@ def _al_text(row: dict) -> str:
     """Acceptance length of the measured window ("2.50 syn" when forced by --synthetic-acceptance)."""
     al = row.get("spec_acceptance_length")
     return "-" if al is None else f"{al:.2f}" + (" syn" if row.get("synthetic") else "")
+
+
+def _host_text(row: dict) -> tuple[str, str, str]:
+    """Host ms per engine step (p50, p90) and the device idle share; "-" where the engine is not in this
+    process (bench/metrics.py compute_host_timing)."""
+    if row.get("host_ms_per_step_median") is None:
+        return "-", "-", "-"
+    return (f"{row['host_ms_per_step_median']:.2f}", f"{row['host_ms_per_step_p90']:.2f}",
+            f"{100 * row['device_idle_share']:.0f}%")
 
 
 def _overhead(rows: list[dict]) -> None:

@@ -24,6 +24,7 @@ from m3bench.evals.protocols.base import Item, Settings
 from m3bench.evals.references import AcceptanceReference, RunSpec, find_acceptance_reference
 from m3bench.evals.results import ItemLog, RunPaths, git_commit, prompt_sha256, run_key, write_summary
 from m3bench.evals.runner import load_splits
+from m3bench.runtime.engine_config import EngineConfig
 from m3bench.runtime.errors import InputError
 
 TASK = "acceptance"
@@ -32,24 +33,8 @@ DEFAULT_FEWSHOT = 0
 
 
 @dataclass(frozen=True)
-class EngineSettings:
-    """How the engine runs: everything here changes the measured figures, so all of it keys the run."""
-
-    model: Path
-    draft: Path | None
-    draft_len: int = 3
-    draft_kv: str = "separate"
-    synthetic_acceptance: float | None = None
-    temperature: float = 0.0
-    device: str = "cpu"
-    dtype: str = "float32"
-    kv_cache_dtype: str = "auto"
-    max_batch_size: int = 64
-
-
-@dataclass(frozen=True)
 class AcceptPlan:
-    engine: EngineSettings
+    engine: EngineConfig  # resolved; everything in it changes the measured figures, so all of it keys the run
     settings: Settings  # limit / max_tokens / num_fewshot / seed of the gsm8k-chat items
     model_id: str  # the reference file's key
     spec: RunSpec
@@ -57,6 +42,7 @@ class AcceptPlan:
     data_dir: Path | None = None
     reference_file: Path | None = None
     use_reference: bool = True
+    temperature: float = 0.0  # 0: greedy; > 0: rejection sampling
 
 
 def resolve_reference(plan: AcceptPlan) -> AcceptanceReference | None:
@@ -81,7 +67,7 @@ def identity(plan: AcceptPlan, ctx: dict) -> dict[str, Any]:
     e = plan.engine
     return {"task": TASK, "model": plan.model_id, "protocol_version": ctx["protocol"].version,
             "settings": asdict(ctx["settings"]), "data": {k: s.source.sha256 for k, s in ctx["splits"].items()},
-            "engine": {**asdict(e), "model": str(Path(e.model).resolve()),
+            "engine": {**e.to_dict(), "model": str(Path(e.model).resolve()), "temperature": plan.temperature,
                        "draft": None if e.draft is None else str(Path(e.draft).resolve())}}
 
 
@@ -99,22 +85,22 @@ def run_acceptance(plan: AcceptPlan, progress: bool = True) -> tuple[dict[str, A
                 done[record["id"]] = log.append(record)
                 advance()
 
-            generate_items(plan.engine, key, todo, on_record)
+            generate_items(plan, key, todo, on_record)
     summary = build_summary(plan, ctx, [done[i.id] for i in items], reference, key, paths)
     write_summary(paths.summary, summary)
     return summary, paths
 
 
-def generate_items(engine: EngineSettings, key: str, items: list[Item], on_record: Callable) -> None:
+def generate_items(plan: AcceptPlan, key: str, items: list[Item], on_record: Callable) -> None:
     """All requests at once through the engine; each item recorded as soon as its request finishes."""
-    llm = make_llm(engine)
+    llm, engine = make_llm(plan.engine), plan.engine
     from m3bench.runtime import SamplingParams
 
     live: dict[int, Item] = {}
     for item in items:
         r = item.requests[0]
         ids = llm.apply_chat_template(list(r.messages), **dict(r.chat_template_kwargs))
-        params = SamplingParams(max_tokens=r.max_tokens, temperature=engine.temperature)
+        params = SamplingParams(max_tokens=r.max_tokens, temperature=plan.temperature)
         live[llm.add_request(ids, params)] = item
     texts: dict[int, list[str]] = {rid: [] for rid in live}
     counts: dict[int, int] = {rid: 0 for rid in live}
@@ -132,14 +118,12 @@ def generate_items(engine: EngineSettings, key: str, items: list[Item], on_recor
                                       counts.pop(d.request_id), steps, engine.synthetic_acceptance is not None))
 
 
-def make_llm(engine: EngineSettings):
+def make_llm(engine: EngineConfig):
     from m3bench.runtime.llm import LLM
 
     if engine.draft is None:
         raise InputError("the acceptance probe needs --draft (an Eagle3 checkpoint)")
-    llm = LLM(str(engine.model), device=engine.device, dtype=engine.dtype, kv_cache_dtype=engine.kv_cache_dtype,
-              max_batch_size=engine.max_batch_size, speculative_model=engine.draft, draft_len=engine.draft_len,
-              draft_kv=engine.draft_kv, synthetic_acceptance_length=engine.synthetic_acceptance)
+    llm = LLM.from_config(engine)
     if llm.tokenizer is None:
         raise InputError(f"{engine.model} has no tokenizer: the chat-GSM8K prompts need its chat template")
     return llm

@@ -108,11 +108,12 @@ CASES = cases()
 
 @pytest.fixture(scope="module")
 def server(tiny_ckpt):
-    from m3bench.bench.engine_options import EngineOptions
+    from m3bench.runtime.engine_config import EngineConfig
+    from m3bench.runtime.llm import LLM
     from m3bench.bench.server import ServerConfig
     from m3bench.runtime.async_llm import AsyncLLM
 
-    llm = EngineOptions(str(tiny_ckpt), num_kv_blocks=16, max_batch_size=8, async_scheduling=False).build()
+    llm = LLM.from_config(EngineConfig(tiny_ckpt, num_kv_blocks=16, max_batch_size=8, async_scheduling=False))
     engine = AsyncLLM(llm)
     with serving(engine, ServerConfig("tiny", llm.max_model_len, KEY)) as url:
         with httpx.Client(base_url=url, timeout=60) as client:
@@ -162,11 +163,12 @@ class _Exploding:
 def test_internal_error_is_500_without_exception_text(tiny_ckpt, caplog):
     from fastapi.testclient import TestClient
 
-    from m3bench.bench.engine_options import EngineOptions
+    from m3bench.runtime.engine_config import EngineConfig
+    from m3bench.runtime.llm import LLM
     from m3bench.bench.server import ServerConfig, create_app
     from m3bench.runtime.async_llm import AsyncLLM
 
-    llm = EngineOptions(str(tiny_ckpt), num_kv_blocks=8, max_batch_size=2, async_scheduling=False).build()
+    llm = LLM.from_config(EngineConfig(tiny_ckpt, num_kv_blocks=8, max_batch_size=2, async_scheduling=False))
     engine = AsyncLLM(llm)
     try:
         client = TestClient(create_app(_Exploding(engine), ServerConfig("tiny", llm.max_model_len)),

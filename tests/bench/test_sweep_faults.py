@@ -18,10 +18,10 @@ def _strict(text: str):
 
 
 def test_truncated_point_is_measured_again(tiny_ckpt, tmp_path, capsys):
-    from m3bench.bench.engine_options import EngineOptions
+    from m3bench.runtime.engine_config import EngineConfig
     from m3bench.bench.sweep import SweepConfig, run_sweep, write_results
 
-    cfg = SweepConfig(out_dir=tmp_path, engine=EngineOptions(str(tiny_ckpt), num_kv_blocks=16, async_scheduling=False),
+    cfg = SweepConfig(out_dir=tmp_path, engine=EngineConfig(tiny_ckpt, num_kv_blocks=16, async_scheduling=False),
                       concurrencies=(1,), lengths=((8, 2),), num_prompts=1, warmup=0)
     first = run_sweep(cfg)
     point = next((tmp_path / "points").glob("*.json"))

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from m3bench.cli.main import app
 
-OWNER_15 = "issue 15 (EngineConfig: engine flags)"
+OWNER_15 = None  # issue 15 landed: engine flags are validated by EngineConfig
 OWNER_16 = "issue 16 (config.json value types)"
 
 GEN = {"": ["generate"], "--model": "{tiny}", "--prompt": "hi", "--max-tokens": "2", "--tokens-per-block": "128"}

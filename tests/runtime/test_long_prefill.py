@@ -9,7 +9,7 @@ import torch
 from m3bench.runtime import LLM, SamplingParams
 from m3bench.runtime.config import ModelConfig
 from m3bench.runtime.errors import InputError
-from m3bench.runtime.llm import context_length
+from m3bench.runtime.engine_builder import context_length
 
 PROMPT_LEN = 1500  # 12 MSA blocks of 128 tokens: top-2 selection (plus the local block) leaves most out
 
