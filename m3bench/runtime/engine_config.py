@@ -14,6 +14,7 @@ default, check it in `_check_*`, and add its flag to m3bench/cli/engine_flags.py
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, fields, replace
 from enum import Enum
@@ -170,6 +171,8 @@ def _check_device(device: str) -> None:
 def _check_speculation(c: EngineConfig) -> None:
     if c.draft_len > MAX_DRAFT_LEN:
         raise InputError(f"draft_len must be <= {MAX_DRAFT_LEN}, got {c.draft_len}")
+    if c.synthetic_acceptance is not None and not math.isfinite(c.synthetic_acceptance):
+        raise InputError(f"synthetic_acceptance must be a finite number, got {c.synthetic_acceptance}")
     if c.synthetic_acceptance is not None and c.draft is None:
         raise InputError("synthetic acceptance forces the acceptance of draft tokens: it needs --draft DIR")
     if c.draft_page_size is not None and not supported_page_size(c.draft_page_size):

@@ -162,7 +162,7 @@ def sweep_cases() -> list:
     c += [(variant(SWEEP, model=None, base_url="http://127.0.0.1:9", tokenizer="{tiny}"), None),
           (variant(SWEEP, base_url="http://127.0.0.1:9", serve=True), None),
           (variant(SWEEP, model=None, base_url="not a url", tokenizer="{tiny}"), None),
-          (variant(SWEEP, model=None), None), (variant(SWEEP, serve=True, tp="2"), None),
+          (variant(SWEEP, model=None), None), (variant(SWEEP, serve=True, tp="0"), None),
           (variant(SWEEP, synthetic_acceptance="2.0"), None)]
     c += _each(SWEEP, "request_rate", ["0", "nan", "-1", "-inf"]) + _each(SWEEP, "burstiness", ["0", "nan"])
     c += _each(SWEEP, "repeats", ["0"]) + _each(SWEEP, "num_prompts", ["0"]) + _each(SWEEP, "warmup", ["-1"])
