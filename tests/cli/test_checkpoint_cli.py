@@ -95,3 +95,15 @@ def test_real_process_prints_no_traceback(broken):
     assert "Traceback" not in out.stderr
     assert out.stderr.strip().splitlines() == [
         f"m3bench: error: checkpoint {broken} does not match its config: 1 missing: lm_head.weight"]
+
+
+@pytest.mark.parametrize("key, value", [("eos_token_id", "x"), ("hidden_size", "big"), ("hidden_size", "256"),
+                                        ("num_hidden_layers", 4.5), ("vocab_size", 1e12)])
+@pytest.mark.parametrize("command", ["inspect", "generate"])
+def test_bad_config_values_are_one_line_exit_2(broken, key, value, command):
+    cfg = json.loads((broken / "config.json").read_text())
+    cfg[key] = value
+    (broken / "config.json").write_text(json.dumps(cfg))
+    args = (["checkpoint", "inspect", str(broken)] if command == "inspect" else
+            ["generate", "--model", str(broken), "--prompt-ids", "1,2", "--load-format", "dummy"])
+    _one_line_error(runner.invoke(app, args), key)
