@@ -6,6 +6,7 @@ Kept apart from the server so that sweeps import no web framework.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from m3bench.runtime.errors import InputError
@@ -52,6 +53,7 @@ class EngineOptions:
         """The LLM these options describe."""
         from m3bench.runtime import LLM
 
+        self.check_fits()
         return LLM(self.model_dir, device=self.device, dtype=self.resolved_dtype(), kv_cache_dtype=self.kv_cache_dtype,
                    load_format=self.load_format, max_batch_size=self.max_batch_size,
                    max_num_tokens=self.max_num_tokens, num_kv_blocks=self.num_kv_blocks,
@@ -59,6 +61,15 @@ class EngineOptions:
                    tensor_parallel_size=self.tensor_parallel_size, cuda_graphs=self.cuda_graphs,
                    speculative_model=self.draft_dir, draft_len=self.draft_len, draft_kv=self.draft_kv,
                    synthetic_acceptance_length=self.synthetic_acceptance, async_scheduling=self.async_scheduling)
+
+    def check_fits(self) -> None:
+        """The memory plan (runtime/fit_check.py): InputError with its message when the model does not fit."""
+        from m3bench.runtime.fit_check import EngineFit, check_engine_fits
+
+        check_engine_fits(self.model_dir, EngineFit(
+            self.device, self.resolved_dtype(), self.kv_cache_dtype, self.tensor_parallel_size,
+            self.max_batch_size, self.max_num_tokens, gpu_memory_utilization=self.gpu_memory_utilization,
+            cuda_graphs=self.cuda_graphs, draft_dir=None if self.draft_dir is None else Path(self.draft_dir)))
 
     def cli_args(self) -> list[str]:
         """The same options as `m3bench serve` flags."""

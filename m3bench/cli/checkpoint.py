@@ -2,6 +2,7 @@
 
     m3bench checkpoint tiny /tmp/tiny --seed 0 --layout v5 --shards 2
     m3bench checkpoint inspect /path/to/checkpoint        # config summary + tensor validation
+    m3bench checkpoint plan --preset minimax-m3 --tp 8     # memory per GPU rank (cli/checkpoint_plan.py)
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Optional
 
 import typer
 
+from m3bench.cli.checkpoint_plan import register_plan
 from m3bench.cli.errors import M3BenchError, user_errors
 
 app = typer.Typer(help="Tiny checkpoints for tests, and checkpoint inspection.", no_args_is_help=True)
@@ -130,6 +132,9 @@ def summary_lines(cfg, n_tensors: int) -> list[str]:
                      f"intermediate {e.intermediate_size}, shared {e.shared_intermediate_size}")
     lines.append(f"tensors {n_tensors} (canonical), eos ids {list(cfg.eos_token_ids)}")
     return lines
+
+
+register_plan(app)
 
 
 def register(root: typer.Typer) -> None:

@@ -89,11 +89,15 @@ def run_generate(model: Path, prompt, prompt_ids, chat: bool, max_tokens: int, t
     prompts = _prompts(prompt or [], prompt_ids or [], chat)
     if not model.is_dir():
         raise M3BenchError(f"model directory {model} does not exist")
+    from m3bench.runtime.fit_check import EngineFit, check_engine_fits
     from m3bench.runtime.llm import LLM, SamplingParams
 
+    spec = _spec_kwargs(draft, draft_len, draft_kv)
+    check_engine_fits(model, EngineFit(device, _dtype(dtype, device), kv_cache_dtype.value, tp,  # memory plan
+                                       tokens_per_block=tokens_per_block, draft_dir=draft))
     llm = LLM(model, device=device, dtype=_dtype(dtype, device), kv_cache_dtype=kv_cache_dtype.value,
               tokens_per_block=tokens_per_block, load_format=load_format.value, seed=seed or 0,
-              tensor_parallel_size=tp, **_spec_kwargs(draft, draft_len, draft_kv))
+              tensor_parallel_size=tp, **spec)
     if chat:
         prompts = [llm.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,

@@ -39,8 +39,12 @@ class RuntimeBackend:
 
     def __init__(self, options: RuntimeOptions):
         from m3bench.runtime import LLM
+        from m3bench.runtime.fit_check import EngineFit, check_engine_fits
 
         self.options = options
+        check_engine_fits(options.model, EngineFit(options.device, options.dtype, options.kv_cache_dtype,  # memory plan
+                                                   max_batch_size=options.max_batch_size,
+                                                   max_num_tokens=options.max_num_tokens, draft_dir=options.draft))
         self.llm = LLM(str(options.model), device=options.device, dtype=options.dtype,
                        kv_cache_dtype=options.kv_cache_dtype, max_batch_size=options.max_batch_size,
                        max_num_tokens=options.max_num_tokens, seed=options.seed,
