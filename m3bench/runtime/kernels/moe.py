@@ -5,6 +5,8 @@
 x [T, H]; w_gate, w_up [E, I, H] (views into one stacked [E, 2I, H] tensor work); w_down
 [E, H, I]; topk_ids [T, K] local expert ids, ids outside [0, E) (experts of other ranks)
 contribute nothing; topk_weights [T, K] routing weights (already renormalized and scaled).
+MXFP8 experts: float8_e4m3fn weights plus `scales=MoeScales(gate, up, down)` (uint8 E8M0, one per 32
+inputs: [E, I, H/32], [E, I, H/32], [E, H, I/32]); the kernels dequantize them in registers.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from m3bench.runtime import quant
 from m3bench.runtime.kernels import reference
 from m3bench.runtime.kernels.backend import (
     KernelBackend,
@@ -24,6 +27,19 @@ from m3bench.runtime.kernels.backend import (
 from m3bench.runtime.kernels.reference import MoeActivation
 
 _ACT_CODE = {MoeActivation.SWIGLUOAI: 0, MoeActivation.SILU: 1}
+
+
+@dataclass(frozen=True)
+class MoeScales:
+    """E8M0 scales of MXFP8 expert weights (views into stacked tensors work, as for the weights)."""
+
+    gate: torch.Tensor
+    up: torch.Tensor
+    down: torch.Tensor
+
+    def dequantized(self, w_gate, w_up, w_down, dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return (quant.dequant_mxfp8(w_gate, self.gate, dtype), quant.dequant_mxfp8(w_up, self.up, dtype),
+                quant.dequant_mxfp8(w_down, self.down, dtype))
 
 
 @dataclass(frozen=True)
@@ -79,9 +95,12 @@ def fused_moe(
     out: torch.Tensor | None = None,
     backend: KernelBackend = KernelBackend.AUTO,
     tiles: MoeTiles | None = None,
+    scales: MoeScales | None = None,
 ) -> torch.Tensor:
     """sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t]) -> [T, H]."""
     if not use_triton(backend, x):
+        if scales is not None:
+            w_gate, w_up, w_down = scales.dequantized(w_gate, w_up, w_down, x.dtype)
         return reference.fused_moe_ref(
             x, w_gate, w_up, w_down, topk_ids, topk_weights, activation, alpha, limit, out
         )
@@ -92,10 +111,10 @@ def fused_moe(
     sorted_ids, block_expert, n_post = moe_align(ids, n_exp, tiles.block_m)
     inter = x.new_empty((sorted_ids.shape[0], w_gate.shape[1]))
     _launch_gate_up(x, w_gate, w_up, inter, sorted_ids, block_expert, n_post, top_k, activation,
-                    alpha, limit, tiles)
+                    alpha, limit, tiles, scales)
     y = x.new_empty((n_tok * top_k, w_down.shape[1]), dtype=torch.float32)
     weights = topk_weights.reshape(-1).contiguous()
-    _launch_down(inter, w_down, y, sorted_ids, block_expert, n_post, weights, tiles)
+    _launch_down(inter, w_down, y, sorted_ids, block_expert, n_post, weights, tiles, scales)
     out = torch.empty_like(x) if out is None else out
     _launch_sum(y, ids, out, n_exp, top_k)
     return out
@@ -153,32 +172,45 @@ def _check_weights(*ws):
             raise ValueError("expert weights must be contiguous along their last (reduction) dim")
 
 
-def _launch_gate_up(x, wg, wu, inter, sorted_ids, block_expert, n_post, top_k, act, alpha, limit, tiles):
+def _scale_args(s: torch.Tensor | None, w: torch.Tensor) -> tuple:
+    """(scale tensor, expert stride, row stride) for the kernel; the weight itself as a dummy."""
+    if s is None:
+        return w, 0, 0
+    _check_weights(s)
+    return s.view(torch.uint8), s.stride(0), s.stride(1)
+
+
+def _launch_gate_up(x, wg, wu, inter, sorted_ids, block_expert, n_post, top_k, act, alpha, limit, tiles,
+                    scales=None):
     from m3bench.runtime.kernels.moe_triton import _moe_gate_up_kernel
 
     _check_weights(x, wg, wu)
     n_inter, hidden = wg.shape[1], wg.shape[2]
+    sg, sge, sgn = _scale_args(scales and scales.gate, wg)
+    su, sue, sun = _scale_args(scales and scales.up, wu)
     grid = (block_expert.shape[0], math.ceil(n_inter / tiles.block_n))
     _moe_gate_up_kernel[grid](
         x, wg, wu, inter, sorted_ids, block_expert, n_post, top_k * x.shape[0], alpha, limit,
         x.stride(0), wg.stride(0), wg.stride(1), wu.stride(0), wu.stride(1), inter.stride(0),
+        sg, su, sge, sgn, sue, sun,
         H=hidden, I=n_inter, TOPK=top_k, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
         BLOCK_K=tiles.block_k, ACT=_ACT_CODE[act], F32=x.dtype == torch.float32 or interpreting(),
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        MX=scales is not None, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
 
 
-def _launch_down(inter, wd, y, sorted_ids, block_expert, n_post, weights, tiles):
+def _launch_down(inter, wd, y, sorted_ids, block_expert, n_post, weights, tiles, scales=None):
     from m3bench.runtime.kernels.moe_triton import _moe_down_kernel
 
     _check_weights(wd)
     hidden, n_inter = wd.shape[1], wd.shape[2]
+    sd, sde, sdn = _scale_args(scales and scales.down, wd)
     grid = (block_expert.shape[0], math.ceil(hidden / tiles.n_down))
     _moe_down_kernel[grid](
         inter, wd, y, sorted_ids, block_expert, n_post, weights, y.shape[0],
-        inter.stride(0), wd.stride(0), wd.stride(1), y.stride(0),
+        inter.stride(0), wd.stride(0), wd.stride(1), y.stride(0), sd, sde, sdn,
         I=n_inter, H=hidden, BLOCK_M=tiles.block_m, BLOCK_N=tiles.n_down, BLOCK_K=tiles.block_k,
-        F32=inter.dtype == torch.float32 or interpreting(),
+        F32=inter.dtype == torch.float32 or interpreting(), MX=scales is not None,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
 

@@ -1,0 +1,45 @@
+"""Triton MXFP8 GEMM: y = x W^T (+ b) with W float8_e4m3fn [N, K] and E8M0 scales [N, K/32], the
+weight tile dequantized in registers (Hopper has no MX instructions: the scale tile is applied
+inside the GEMM loop, then a bf16 / fp32 tl.dot). `mx_weight_tile` is shared with the fused MoE.
+"""
+
+import triton
+import triton.language as tl
+
+from m3bench.runtime.kernels.kv_tiles_triton import mma
+
+MX_BLOCK: tl.constexpr = 32
+E8M0_BIAS: tl.constexpr = 127.0
+
+
+@triton.jit
+def mx_weight_tile(w_ptrs, s_base, n, kk, s_sn, mask):
+    """fp32 [BLOCK_N, BLOCK_K] = fp8 weights * 2^(e8m0 - 127) of their 32-element block (row n, col kk)."""
+    w = tl.load(w_ptrs, mask=mask, other=0.0).to(tl.float32)
+    s = tl.load(s_base + n[:, None] * s_sn + (kk // MX_BLOCK)[None, :], mask=mask, other=127)
+    return w * tl.exp2(s.to(tl.float32) - E8M0_BIAS)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _mxfp8_linear_kernel(
+    x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, s_xm, s_wn, s_sn, s_ym,
+    N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr, F32: tl.constexpr,
+):
+    """One [BLOCK_M, BLOCK_N] tile of y, fp32 accumulation over K in BLOCK_K steps."""
+    m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok, n_ok = m < M, n < N
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        k_ok = kk < K
+        a = tl.load(x_ptr + m[:, None].to(tl.int64) * s_xm + kk[None, :], mask=m_ok[:, None] & k_ok[None, :],
+                    other=0.0)
+        w_mask = n_ok[:, None] & k_ok[None, :]
+        w = mx_weight_tile(w_ptr + n[:, None].to(tl.int64) * s_wn + kk[None, :], s_ptr, n, kk, s_sn, w_mask)
+        acc += mma(a, tl.trans(w), F32)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    out = y_ptr + m[:, None].to(tl.int64) * s_ym + n[None, :]
+    tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
