@@ -27,6 +27,12 @@ class LayoutChoice(str, Enum):  # mirrors runtime.tiny.Layout without importing 
     V5_VL = "v5-vl"
 
 
+class QuantChoice(str, Enum):  # mirrors runtime.tiny_quant.TinyQuant
+    NONE = "none"
+    MXFP8 = "mxfp8"
+    NVFP4 = "nvfp4"
+
+
 @app.command("tiny")
 @user_errors
 def tiny(
@@ -35,13 +41,19 @@ def tiny(
     layout: LayoutChoice = typer.Option(LayoutChoice.M3, "--layout", help="File naming scheme."),
     shards: int = typer.Option(1, "--shards", min=1, help="Number of safetensors files (>1 adds an index)."),
     draft: Optional[Path] = typer.Option(None, "--draft", help="Also write a matching tiny Eagle3 draft there."),
+    weights: QuantChoice = typer.Option(QuantChoice.NONE, "--quant", help="Store the linear layers as the "
+                                        "MXFP8 / NVFP4 releases do (layouts m3 and vl)."),
 ) -> None:
     """Write a tiny random MiniMax-M3 checkpoint (config, safetensors, tokenizer) to DEST."""
     from m3bench.runtime.tiny import Layout, write_tiny_checkpoint
+    from m3bench.runtime.tiny_quant import TinyQuant
 
     if dest.exists() and not dest.is_dir():
         raise M3BenchError(f"{dest} exists and is not a directory")
-    out = write_tiny_checkpoint(dest, seed=seed, layout=Layout(layout.value), shards=shards)
+    if weights is not QuantChoice.NONE and layout not in (LayoutChoice.M3, LayoutChoice.VL):
+        raise M3BenchError(f"--quant {weights.value} needs --layout m3 or vl")
+    out = write_tiny_checkpoint(dest, seed=seed, layout=Layout(layout.value), shards=shards,
+                                weights=TinyQuant(weights.value))
     print(out)
     if draft is not None:
         from m3bench.runtime.speculative.tiny_draft import write_tiny_draft

@@ -14,11 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from m3bench.runtime.config import ModelConfig, QuantMethod
+from m3bench.runtime.errors import InputError
 from m3bench.runtime.memory_plan import GIB, DraftShape, MemoryPlan, PlanSettings, WeightFormat, check_fits
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
-# Checkpoint formats the runtime keeps as stored (the others are dequantized to the model dtype on load).
-NATIVE_FORMATS = {QuantMethod.MXFP8: WeightFormat.MXFP8}
+# How the runtime holds a quantized checkpoint with weights_dtype "auto": MXFP8 as stored; the NVFP4
+# release's routed experts are converted once on load to MXFP8 (its other linear layers are MXFP8 already).
+NATIVE_FORMATS = {QuantMethod.MXFP8: WeightFormat.MXFP8, QuantMethod.NVFP4: WeightFormat.MXFP8}
+WEIGHTS_DTYPES = ("auto", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,8 @@ class EngineFit:
 
 def resident_format(cfg: ModelConfig, weights_dtype: str) -> WeightFormat:
     """How the runtime holds the checkpoint's weights: natively where it can, else in the model dtype."""
+    if weights_dtype not in WEIGHTS_DTYPES:
+        raise InputError(f"unknown weights_dtype {weights_dtype!r} (choose from {', '.join(WEIGHTS_DTYPES)})")
     if weights_dtype != "auto":
         return WeightFormat.BF16
     return NATIVE_FORMATS.get(cfg.quant, WeightFormat.BF16)

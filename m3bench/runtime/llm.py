@@ -24,6 +24,7 @@ import torch
 from m3bench.runtime.attention.metadata import build_attn_metadata
 from m3bench.runtime.block_manager import BlockManager, blocks_for_budget
 from m3bench.runtime.config import ModelConfig
+from m3bench.runtime.layers.weight_format import LinearFormat
 from m3bench.runtime.engine import DecodeGraphs, Engine, ModelRunner, RequestDelta
 from m3bench.runtime.errors import InputError
 from m3bench.runtime.kv_cache import KVCache, KVDtype
@@ -80,21 +81,23 @@ class LLM:
                  tokenizer: Any = None, attention_backend: str = "auto", speculative_model: Any = None,
                  draft_len: int = 3, draft_kv: str = "separate", synthetic_acceptance_length: float | None = None,
                  draft_page_size: int | None = None, tensor_parallel_size: int = 1,
-                 async_scheduling: bool | None = None) -> None:
+                 async_scheduling: bool | None = None, weights_dtype: str = "auto") -> None:
         """`model`: a checkpoint directory, or an M3ForCausalLM already built (its device and dtype win).
 
         `attention_backend`: "auto" (Triton on CUDA, torch on CPU; a model built by the caller keeps
         its own backend), "torch" or "triton". `tensor_parallel_size` N > 1 runs the model over N
         processes (m3bench spawns ranks 1..N-1, or joins torchrun's; see runtime/distributed).
         `async_scheduling`: schedule step N+1 while step N runs (runtime/overlap_engine; same outputs, deltas
-        one step() later); None: on for CUDA without speculation or tensor parallelism, off otherwise."""
+        one step() later); None: on for CUDA without speculation or tensor parallelism, off otherwise.
+        `weights_dtype`: "auto" keeps an MXFP8 checkpoint's linear layers in MXFP8 (NVFP4 experts converted
+        to MXFP8 once on load); "bfloat16" dequantizes them to the model dtype (runtime/fit_check.py)."""
         _check_sizes(tokens_per_block, max_batch_size, max_num_tokens)
         self._tp = _start_tp(tensor_parallel_size, model, config, dtype, device, load_format, seed, attention_backend,
-                             tokens_per_block, cuda_graphs, speculative_model)
+                             tokens_per_block, cuda_graphs, speculative_model, weights_dtype)
         if self._tp is not None:  # workers stop with this LLM (also when the rest of __init__ fails)
             weakref.finalize(self, self._tp.shutdown)
         self.model = _build_model(model, config, _dtype(dtype), self._tp.device if self._tp else torch.device(device),
-                                  _load_format(load_format), seed, self._tp.tp if self._tp else None)
+                                  _load_format(load_format), seed, self._tp.tp if self._tp else None, weights_dtype)
         _pick_backend(self.model, attention_backend, tokens_per_block, prebuilt=self.model is model)
         self.device, self.dtype = self.model.device, self.model.dtype
         self.config: ModelConfig = self.model.cfg
@@ -427,13 +430,14 @@ def _check_sizes(P: int, max_batch_size: int, max_num_tokens: int) -> None:
 
 
 def _build_model(model: Any, config: Any, dtype: torch.dtype, device: torch.device, fmt: LoadFormat, seed: int,
-                 tp: Any = None):
+                 tp: Any = None, weights_dtype: str = "auto"):
     from m3bench.runtime.model import M3ForCausalLM
 
     if isinstance(model, M3ForCausalLM):
         return model
     cfg = config if isinstance(config, ModelConfig) else ModelConfig.from_pretrained(Path(config or _dir(model)))
-    m = M3ForCausalLM(cfg, dtype=dtype, device=device, tp=tp)  # tp: this rank's shards only
+    m = M3ForCausalLM(cfg, dtype=dtype, device=device, tp=tp,  # tp: this rank's shards only
+                      weights=linear_format_for(cfg, weights_dtype))
     if fmt is LoadFormat.DUMMY:
         m.init_dummy(seed)
     else:
@@ -509,8 +513,17 @@ def _spec_lookahead(spec: Any) -> int:
     return 0 if spec is None else 2 * spec.draft_len
 
 
+def linear_format_for(cfg: ModelConfig, weights_dtype: str) -> LinearFormat:
+    """The linear layers' format: MXFP8 where the runtime keeps the checkpoint's weights natively."""
+    from m3bench.runtime.fit_check import resident_format
+    from m3bench.runtime.memory_plan import WeightFormat
+
+    fmt = resident_format(cfg, weights_dtype)
+    return LinearFormat.MXFP8 if fmt is WeightFormat.MXFP8 else LinearFormat.PLAIN
+
+
 def _start_tp(world: int, model: Any, config: Any, dtype: str, device: str, load_format: str, seed: int,
-              attention_backend: str, P: int, graphs: bool, draft: Any):
+              attention_backend: str, P: int, graphs: bool, draft: Any, weights_dtype: str = "auto"):
     """The tensor-parallel Driver of rank 0 (None at TP 1); see m3bench.runtime.distributed."""
     if world == 1:  # (under torchrun too: each process then runs its own TP-1 engine)
         return None
@@ -526,7 +539,7 @@ def _start_tp(world: int, model: Any, config: Any, dtype: str, device: str, load
         raise InputError("tensor_parallel_size > 1 needs the draft as a checkpoint directory (each rank loads it)")
     _load_format(load_format)
     spec = WorkerSpec(None if model is None else str(model), config, _dtype(dtype), str(device), load_format, seed,
-                      attention_backend, P, None if draft is None else str(draft))
+                      attention_backend, P, None if draft is None else str(draft), weights_dtype)
     return start_driver(world, spec)
 
 

@@ -50,6 +50,7 @@ class WorkerSpec:
     attention_backend: str
     tokens_per_block: int
     draft: str | None = None  # Eagle3 draft checkpoint directory (speculative decoding)
+    weights_dtype: str = "auto"  # LLM(weights_dtype=...): MXFP8 kept natively or dequantized
 
 
 def build_model(spec: WorkerSpec, groups: RankGroups) -> Any:
@@ -57,7 +58,7 @@ def build_model(spec: WorkerSpec, groups: RankGroups) -> Any:
     from m3bench.runtime import llm
 
     model = llm._build_model(spec.model, spec.config, spec.dtype, groups.device, llm._load_format(spec.load_format),
-                             spec.seed, groups.tp)
+                             spec.seed, groups.tp, spec.weights_dtype)
     llm._pick_backend(model, spec.attention_backend, spec.tokens_per_block, prebuilt=False)
     return model
 

@@ -13,6 +13,9 @@ partials also combines the experts' outputs. An all-to-all dispatch would only p
 attention data parallelism, where ranks hold different tokens. On CUDA the routed experts run as one fused Triton MoE (`kernels.moe.fused_moe`:
 no host reads, CUDA-graph safe); the torch path (tokens grouped by expert with a sort, counts read
 on the host) stays for CPU and float64 and is the reference. `kernel_backend` forces either one.
+Built under `linear_format(LinearFormat.MXFP8)` the experts are float8_e4m3fn with E8M0 scales
+(`w_gate_up_scale` [E, 2 I, H/32], `w_down_scale` [E, H, I/32]): the fused MoE dequantizes them in
+registers, the torch path expert by expert.
 """
 
 from __future__ import annotations
@@ -23,11 +26,13 @@ from torch import nn
 
 from m3bench.runtime.config import Activation, MoeConfig
 from m3bench.runtime.kernels.backend import KernelBackend, use_triton
-from m3bench.runtime.kernels.moe import MoeActivation, fused_moe
+from m3bench.runtime import quant
+from m3bench.runtime.kernels.moe import MoeActivation, MoeScales, fused_moe
 from m3bench.runtime.layers.activation import split_gate_up
 from m3bench.runtime.layers.linear import WeightSlot
 from m3bench.runtime.layers.mlp import GatedMLP
 from m3bench.runtime.layers.norm import compute_dtype
+from m3bench.runtime.layers.weight_format import LinearFormat, current_linear_format, mx_params
 from m3bench.runtime.parallel import SINGLE, TPGroup
 
 
@@ -49,6 +54,13 @@ def group_by_expert(ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, 
     return order, order // ids.shape[1], counts
 
 
+def _expert_params(shape: tuple[int, int, int], dtype: torch.dtype, device) -> tuple[nn.Parameter, nn.Parameter | None]:
+    """Stacked expert weights (and MXFP8 scales) in the current linear format."""
+    if current_linear_format() is LinearFormat.MXFP8:
+        return mx_params(shape, device)
+    return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), False), None
+
+
 class SparseMoe(nn.Module):
     def __init__(self, hidden: int, m: MoeConfig, act: Activation, alpha: float, limit: float,
                  dtype: torch.dtype, device, tp: TPGroup = SINGLE):
@@ -61,8 +73,8 @@ class SparseMoe(nn.Module):
         self.router_weight = nn.Parameter(torch.empty(m.num_experts, hidden, dtype=rdt, device=device), False)
         self.router_bias = (nn.Parameter(torch.empty(m.num_experts, dtype=rdt, device=device), False)
                             if m.use_routing_bias else None)
-        self.w_gate_up = nn.Parameter(torch.empty(local, 2 * inter, hidden, dtype=dtype, device=device), False)
-        self.w_down = nn.Parameter(torch.empty(local, hidden, inter, dtype=dtype, device=device), False)
+        self.w_gate_up, self.w_gate_up_scale = _expert_params((local, 2 * inter, hidden), dtype, device)
+        self.w_down, self.w_down_scale = _expert_params((local, hidden, inter), dtype, device)
         self.shared = (GatedMLP(hidden, m.shared_intermediate_size, act, alpha, limit, dtype, device, tp,
                                 reduce=False) if m.shared_intermediate_size else None)
 
@@ -82,9 +94,18 @@ class SparseMoe(nn.Module):
     def fused_experts(self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """The fused Triton MoE (fp32 accumulation inside; result in x's dtype)."""
         inter = self.w_down.shape[2]
+        scales = None if self.w_down_scale is None else MoeScales(
+            self.w_gate_up_scale[:, :inter], self.w_gate_up_scale[:, inter:], self.w_down_scale)
         return fused_moe(x.contiguous(), self.w_gate_up[:, :inter], self.w_gate_up[:, inter:], self.w_down,
                          ids, w, MoeActivation(self.act.value), self.alpha, self.limit,
-                         backend=KernelBackend.TRITON)
+                         backend=KernelBackend.TRITON, scales=scales)
+
+    def expert_weights(self, e: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Local expert e's (gate|up [2I, H], down [H, I]) in dtype (dequantized when MXFP8)."""
+        if self.w_down_scale is None:
+            return self.w_gate_up[e], self.w_down[e]
+        return (quant.dequant_mxfp8(self.w_gate_up[e], self.w_gate_up_scale[e], dtype),
+                quant.dequant_mxfp8(self.w_down[e], self.w_down_scale[e], dtype))
 
     def torch_experts(self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Reference path: tokens grouped by expert with a sort (reads expert counts on the host); ids
@@ -99,8 +120,9 @@ class SparseMoe(nn.Module):
         start = 0
         for e, n in enumerate(counts[:num_local]):
             if n:
-                h = split_gate_up(xs[start:start + n] @ self.w_gate_up[e].T, self.act, self.alpha, self.limit)
-                out[start:start + n] = h @ self.w_down[e].T
+                w_gate_up, w_down = self.expert_weights(e, x.dtype)
+                h = split_gate_up(xs[start:start + n] @ w_gate_up.T, self.act, self.alpha, self.limit)
+                out[start:start + n] = h @ w_down.T
                 start += n
         acc = compute_dtype(x.dtype)
         out = out.to(acc) * w.flatten()[order].to(acc)[:, None]
@@ -113,9 +135,12 @@ class SparseMoe(nn.Module):
         inter = self.w_down.shape[2]
         for e in range(self.w_down.shape[0]):  # this rank's experts only, each whole
             p = f"{prefix}experts.{self.first_expert + e}."
-            out += [WeightSlot(f"{p}gate_proj.weight", self.w_gate_up[e, :inter], None),
-                    WeightSlot(f"{p}up_proj.weight", self.w_gate_up[e, inter:], None),
-                    WeightSlot(f"{p}down_proj.weight", self.w_down[e], None)]
+            gu, d = self.w_gate_up_scale, self.w_down_scale
+            out += [WeightSlot(f"{p}gate_proj.weight", self.w_gate_up[e, :inter], None,
+                               scale=None if gu is None else gu[e, :inter]),
+                    WeightSlot(f"{p}up_proj.weight", self.w_gate_up[e, inter:], None,
+                               scale=None if gu is None else gu[e, inter:]),
+                    WeightSlot(f"{p}down_proj.weight", self.w_down[e], None, scale=None if d is None else d[e])]
         if self.shared is not None:
             out += self.shared.slots(f"{prefix}shared.")
         return out

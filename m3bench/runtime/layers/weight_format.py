@@ -1,0 +1,60 @@
+"""How the linear layers and routed experts of a model keep their weights: the model dtype, or MXFP8.
+
+    with linear_format(LinearFormat.MXFP8):      # layers built inside hold fp8 weights + E8M0 scales
+        layer = ColumnParallelLinear(...)
+    w, s = mx_params((out, in_features), device)  # float8_e4m3fn [out, in], uint8 [out, in / 32]
+
+MXFP8 (runtime/quant.py): `w = fp8 * 2**(scale - 127)`, one scale per 32 inputs of a row. The model
+picks the format (M3ForCausalLM(weights=...)); attention, MLP and MoE code need not know it: only
+linear.py and moe.py read `current_linear_format()` when they allocate.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from contextvars import ContextVar
+from enum import Enum
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from m3bench.runtime import quant
+
+
+class LinearFormat(Enum):
+    PLAIN = "plain"  # the model's dtype
+    MXFP8 = "mxfp8"  # float8_e4m3fn weight + uint8 E8M0 scale per 32 inputs
+
+
+_FORMAT: ContextVar[LinearFormat] = ContextVar("linear_format", default=LinearFormat.PLAIN)
+
+
+@contextmanager
+def linear_format(fmt: LinearFormat) -> Iterator[None]:
+    token = _FORMAT.set(fmt)
+    try:
+        yield
+    finally:
+        _FORMAT.reset(token)
+
+
+def current_linear_format() -> LinearFormat:
+    return _FORMAT.get()
+
+
+def mx_params(shape: tuple[int, ...], device) -> tuple[nn.Parameter, nn.Parameter]:
+    """(fp8 weight [..., K], uint8 scale [..., K / 32]) parameters, K a multiple of 32."""
+    *lead, k = shape
+    if k % quant.MX_BLOCK:
+        raise ValueError(f"MXFP8 weights need a multiple of {quant.MX_BLOCK} inputs, got {k}")
+    w = nn.Parameter(torch.empty(shape, dtype=torch.float8_e4m3fn, device=device), requires_grad=False)
+    s = nn.Parameter(torch.empty((*lead, k // quant.MX_BLOCK), dtype=torch.uint8, device=device), requires_grad=False)
+    return w, s
+
+
+def fill_mxfp8(target: torch.Tensor, scale: torch.Tensor, w: torch.Tensor) -> None:
+    """Quantize w (any float dtype, target's shape) into the fp8 target and its scale."""
+    data, s = quant.quant_mxfp8(w)
+    target.copy_(data)
+    scale.copy_(s)
