@@ -33,6 +33,7 @@ class EngineOptions:
     draft_kv: str = "separate"  # separate | shared
     cuda_graphs: bool = False
     async_scheduling: bool | None = None  # None: the runtime's default (on for CUDA without draft or TP)
+    weights_dtype: str = "auto"  # auto: MXFP8 checkpoints natively; bfloat16: dequantized on load
 
     def __post_init__(self) -> None:
         if self.load_format not in ("auto", "dummy"):
@@ -60,7 +61,8 @@ class EngineOptions:
                    gpu_memory_utilization=self.gpu_memory_utilization, seed=self.seed,
                    tensor_parallel_size=self.tensor_parallel_size, cuda_graphs=self.cuda_graphs,
                    speculative_model=self.draft_dir, draft_len=self.draft_len, draft_kv=self.draft_kv,
-                   synthetic_acceptance_length=self.synthetic_acceptance, async_scheduling=self.async_scheduling)
+                   synthetic_acceptance_length=self.synthetic_acceptance, async_scheduling=self.async_scheduling,
+                   weights_dtype=self.weights_dtype)
 
     def check_fits(self) -> None:
         """The memory plan (runtime/fit_check.py): InputError with its message when the model does not fit."""
@@ -69,7 +71,8 @@ class EngineOptions:
         check_engine_fits(self.model_dir, EngineFit(
             self.device, self.resolved_dtype(), self.kv_cache_dtype, self.tensor_parallel_size,
             self.max_batch_size, self.max_num_tokens, gpu_memory_utilization=self.gpu_memory_utilization,
-            cuda_graphs=self.cuda_graphs, draft_dir=None if self.draft_dir is None else Path(self.draft_dir)))
+            cuda_graphs=self.cuda_graphs, weights_dtype=self.weights_dtype,
+            draft_dir=None if self.draft_dir is None else Path(self.draft_dir)))
 
     def cli_args(self) -> list[str]:
         """The same options as `m3bench serve` flags."""
@@ -87,4 +90,6 @@ class EngineOptions:
             args += ["--cuda-graphs"]
         if self.async_scheduling is not None:
             args += ["--async-scheduling" if self.async_scheduling else "--no-async-scheduling"]
+        if self.weights_dtype != "auto":
+            args += ["--weights-dtype", self.weights_dtype]
         return args

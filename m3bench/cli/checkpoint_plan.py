@@ -49,7 +49,8 @@ def plan(
     preset: Optional[PresetChoice] = typer.Option(None, "--preset", help="A published config instead of DIR."),
     tp: int = typer.Option(1, "--tp", min=1, help="Tensor-parallel ranks (one GPU each)."),
     ep: Optional[int] = typer.Option(None, "--ep", min=1, help="Expert-parallel ranks (default: --tp)."),
-    weights: WeightsChoice = typer.Option(WeightsChoice.AUTO, "--weights", help="Weight format in memory."),
+    weights: WeightsChoice = typer.Option(WeightsChoice.AUTO, "--weights", help="Weight format in memory (auto: "
+                                          "as the runtime holds the checkpoint's, see --weights-dtype)."),
     kv_cache_dtype: PlanKVChoice = typer.Option(PlanKVChoice.AUTO, "--kv-cache-dtype", help="KV cache storage."),
     gpu_memory_gib: Optional[float] = typer.Option(None, "--gpu-memory-gib", help="Memory of one GPU "
                                                    "(default: this machine's GPU, else 141)."),
@@ -64,9 +65,12 @@ def plan(
     """Weight, workspace and KV bytes per GPU rank, tokens and sequences that fit, and a verdict."""
     from m3bench.runtime import memory_plan as mp
 
+    from m3bench.runtime.fit_check import resident_format
+
     cfg = _config(path, preset)
+    fmt = resident_format(cfg, "auto") if weights is WeightsChoice.AUTO else mp.weight_format_for(cfg, weights.value)
     settings = mp.PlanSettings(
-        tp=tp, ep=ep, weights=mp.weight_format_for(cfg, weights.value), kv_cache_dtype=kv_cache_dtype.value,
+        tp=tp, ep=ep, weights=fmt, kv_cache_dtype=kv_cache_dtype.value,
         gpu_memory_gib=gpu_memory_gib if gpu_memory_gib is not None else _device_gib(),
         gpu_memory_utilization=utilization, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
         max_num_tokens=max_num_tokens, draft=_draft(draft))

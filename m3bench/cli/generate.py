@@ -19,6 +19,7 @@ from typing import Optional
 
 import typer
 
+from m3bench.cli.engine_flags import WEIGHTS_DTYPE_HELP
 from m3bench.cli.errors import M3BenchError, user_errors
 
 
@@ -38,6 +39,11 @@ class KVChoice(str, Enum):  # mirrors runtime.kv_cache.KVDtype
 class DraftKVChoice(str, Enum):  # mirrors runtime.speculative.config.DraftKVLayout
     SEPARATE = "separate"
     SHARED = "shared"
+
+
+class WeightsDtypeChoice(str, Enum):  # mirrors runtime.fit_check.WEIGHTS_DTYPES
+    AUTO = "auto"
+    BFLOAT16 = "bfloat16"
 
 
 class DtypeChoice(str, Enum):
@@ -76,6 +82,7 @@ def generate(
     draft_len: int = typer.Option(3, "--draft-len", min=1, max=15, help="Draft tokens verified per step."),
     draft_kv: DraftKVChoice = typer.Option(DraftKVChoice.SEPARATE, "--draft-kv", help="Draft KV layout."),
     tp: int = typer.Option(1, "--tp", min=1, help="Tensor-parallel size: ranks (GPUs, or CPU processes) of one model."),
+    weights_dtype: WeightsDtypeChoice = typer.Option(WeightsDtypeChoice.AUTO, "--weights-dtype", help=WEIGHTS_DTYPE_HELP),
 ) -> None:
     """Generate continuations of --prompt / --prompt-ids with m3bench's engine."""
     run_generate(**locals())
@@ -85,7 +92,8 @@ def generate(
 def run_generate(model: Path, prompt, prompt_ids, chat: bool, max_tokens: int, temperature: float, top_p: float,
                  top_k: int, seed, logprobs, as_json: bool, load_format: LoadFormatChoice, kv_cache_dtype: KVChoice,
                  tokens_per_block: int, device: str, dtype: DtypeChoice, draft: Path | None = None, draft_len: int = 3,
-                 draft_kv: DraftKVChoice = DraftKVChoice.SEPARATE, tp: int = 1) -> None:
+                 draft_kv: DraftKVChoice = DraftKVChoice.SEPARATE, tp: int = 1,
+                 weights_dtype: WeightsDtypeChoice = WeightsDtypeChoice.AUTO) -> None:
     prompts = _prompts(prompt or [], prompt_ids or [], chat)
     if not model.is_dir():
         raise M3BenchError(f"model directory {model} does not exist")
@@ -94,10 +102,11 @@ def run_generate(model: Path, prompt, prompt_ids, chat: bool, max_tokens: int, t
 
     spec = _spec_kwargs(draft, draft_len, draft_kv)
     check_engine_fits(model, EngineFit(device, _dtype(dtype, device), kv_cache_dtype.value, tp,  # memory plan
-                                       tokens_per_block=tokens_per_block, draft_dir=draft))
+                                       tokens_per_block=tokens_per_block, weights_dtype=weights_dtype.value,
+                                       draft_dir=draft))
     llm = LLM(model, device=device, dtype=_dtype(dtype, device), kv_cache_dtype=kv_cache_dtype.value,
               tokens_per_block=tokens_per_block, load_format=load_format.value, seed=seed or 0,
-              tensor_parallel_size=tp, **spec)
+              tensor_parallel_size=tp, weights_dtype=weights_dtype.value, **spec)
     if chat:
         prompts = [llm.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,

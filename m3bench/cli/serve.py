@@ -17,7 +17,7 @@ from typing import Optional
 
 import typer
 
-from m3bench.cli.engine_flags import ASYNC_HELP, CUDA_GRAPHS_HELP
+from m3bench.cli.engine_flags import ASYNC_HELP, CUDA_GRAPHS_HELP, WEIGHTS_DTYPE_HELP
 from m3bench.cli.errors import user_errors
 
 
@@ -52,6 +52,7 @@ def serve(
     cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help=CUDA_GRAPHS_HELP),
     async_scheduling: Optional[bool] = typer.Option(None, "--async-scheduling/--no-async-scheduling", help=ASYNC_HELP),
     log_level: str = typer.Option("warning", "--log-level"),
+    weights_dtype: str = typer.Option("auto", "--weights-dtype", help=WEIGHTS_DTYPE_HELP),
 ) -> None:
     """Serve a checkpoint over an OpenAI-compatible API (completions, chat, models, health, metrics)."""
     from m3bench.bench.engine_options import EngineOptions
@@ -61,7 +62,7 @@ def serve(
     opts = EngineOptions(str(model), load_format, device, dtype, kv_cache_dtype, max_batch_size, max_num_tokens,
                          num_kv_blocks, gpu_memory_utilization, seed, synthetic_acceptance,
                          draft_dir=None if draft is None else str(draft), draft_len=draft_len, draft_kv=draft_kv,
-                         cuda_graphs=cuda_graphs, async_scheduling=async_scheduling)
+                         cuda_graphs=cuda_graphs, async_scheduling=async_scheduling, weights_dtype=weights_dtype)
     llm = opts.build()
     engine = AsyncLLM(llm)
     cfg = ServerConfig(served_model_name or model.resolve().name, llm.max_model_len, api_key or None)
