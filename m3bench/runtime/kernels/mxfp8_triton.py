@@ -8,8 +8,8 @@ import triton.language as tl
 
 from m3bench.runtime.kernels.kv_tiles_triton import mma
 
-MX_BLOCK: tl.constexpr = 32
-E8M0_BIAS: tl.constexpr = 127.0
+MX_BLOCK = tl.constexpr(32)
+E8M0_BIAS = tl.constexpr(127.0)
 
 
 @triton.jit
