@@ -10,7 +10,8 @@ layer [1536, 6144], o [6144, 1024], dense gate|up [3072, 6144] and down [6144, 1
 gate|up [768, 6144] and down [6144, 384]) as bf16 `F.linear` (cuBLAS) and as the MXFP8 Triton GEMM
 (kernels/mxfp8.py), and the routed experts as the fused MoE in bf16 and MXFP8: "moe-local" (16 local
 experts of 3072, every pick local: the memory-bound case) and "moe-ep" (top-4 over 128, other ranks'
-picks dropped). Bytes moved: weights (bf16 2 B a weight, MXFP8 1 + 1/32 B) of the rows read (for the
+picks dropped), also with NVFP4 experts (the ModelOpt release's). Bytes moved: weights (bf16 2 B a
+weight, MXFP8 1 + 1/32 B, NVFP4 1/2 + 1/16 B) of the rows read (for the
 MoE, the distinct local experts routed to) plus activations in and out; % of 4.3 TB/s. Each kernel is
 first checked against dequantize-then-matmul in fp32 on fresh random inputs. Timings: median over
 CUDA-graph replays of calls on distinct inputs (benchmarks/kernels_gpu.py's `time_us`).
@@ -41,6 +42,7 @@ from m3bench.runtime.kernels.reference import fused_moe_ref
 
 TRITON = KernelBackend.TRITON
 MX_BYTES = 1 + 1 / 32
+NV_BYTES = 0.5 + 1 / 16
 
 
 @dataclass(frozen=True)
@@ -95,7 +97,14 @@ def check_linear(n: int, k: int, dev, gen) -> float:
 class Experts:
     bf16: dict
     mx: dict
-    n_choice: int
+    nv: dict  # the same weights in NVFP4 (the ModelOpt release's routed experts)
+
+
+def nv_stacked(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[E, R, K] -> NVFP4 (packed, e4m3 scales, per-row fp32 global [E, R]), one global per expert."""
+    parts = [quant.quant_nvfp4(w[e]) for e in range(w.shape[0])]
+    glob = torch.stack([p[2].expand(w.shape[1]) for p in parts]).contiguous()
+    return torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts]), glob
 
 
 def make_experts(sh: Shapes, dev, gen) -> Experts:
@@ -105,7 +114,10 @@ def make_experts(sh: Shapes, dev, gen) -> Experts:
     mx = {"w_gate": gu[:, :i], "w_up": gu[:, i:], "w_down": d, "scales": MoeScales(sgu[:, :i], sgu[:, i:], sd)}
     deq = (quant.dequant_mxfp8(gu, sgu, torch.bfloat16), quant.dequant_mxfp8(d, sd, torch.bfloat16))
     bf = {"w_gate": deq[0][:, :i], "w_up": deq[0][:, i:], "w_down": deq[1]}
-    return Experts(bf, mx, sh.n_routed)
+    (pgu, ngu, ggu), (pd, nd, gd) = nv_stacked(deq[0]), nv_stacked(deq[1])
+    nv = {"w_gate": pgu[:, :i], "w_up": pgu[:, i:], "w_down": pd,
+          "scales": MoeScales(ngu[:, :i], ngu[:, i:], nd, ggu[:, :i], ggu[:, i:], gd)}
+    return Experts(bf, mx, nv)
 
 
 def routing(n_tok: int, n_choice: int, sh: Shapes, dev, gen) -> dict:
@@ -116,11 +128,13 @@ def routing(n_tok: int, n_choice: int, sh: Shapes, dev, gen) -> dict:
     return {"x": x, "topk_ids": ids, "topk_weights": (w / w.sum(-1, keepdim=True) * 2.0).float()}
 
 
-def check_moe(ex: Experts, sh: Shapes, dev, gen) -> float:
+def check_moe(weights: dict, sh: Shapes, dev, gen) -> float:
+    """The quantized fused MoE against the reference MoE on its weights dequantized (fp32)."""
     r = routing(16, sh.n_local, sh, dev, gen)
-    got = fused_moe(**r, **ex.mx, backend=TRITON)
+    got = fused_moe(**r, **weights, backend=TRITON)
     x32 = {k: v.float() if v.is_floating_point() else v for k, v in r.items()}
-    want = fused_moe_ref(**x32, **{k: v.float() for k, v in ex.bf16.items()})
+    deq = weights["scales"].dequantized(weights["w_gate"], weights["w_up"], weights["w_down"], torch.float32)
+    want = fused_moe_ref(**x32, w_gate=deq[0], w_up=deq[1], w_down=deq[2])
     return rel_err(got, want)
 
 
@@ -146,7 +160,7 @@ def moe_rows(name: str, ex: Experts, n_choice: int, sh: Shapes, dev, gen) -> lis
         rs = [routing(b, n_choice, sh, dev, gen) for _ in range(8 if dev.type == "cuda" else 1)]
         hit = sum(int(torch.unique(r["topk_ids"][r["topk_ids"] >= 0]).numel()) for r in rs) / len(rs)
         act = 4 * b * sh.hidden
-        for label, weights, wbytes in (("bf16", ex.bf16, 2), ("mxfp8", ex.mx, MX_BYTES)):
+        for label, weights, wbytes in (("bf16", ex.bf16, 2), ("mxfp8", ex.mx, MX_BYTES), ("nvfp4", ex.nv, NV_BYTES)):
             calls = [lambda r=r, weights=weights: fused_moe(**r, **weights, backend=TRITON) for r in rs]
             rows.append(Row(name, label, b, time_us(calls), int(hit * per_expert * wbytes + act)))
     return rows
@@ -165,7 +179,9 @@ def kernel_rows(sh: Shapes, dev, gen) -> list[Row]:
 
 def run_checks(sh: Shapes, dev, gen) -> dict[str, float]:
     out = {f"linear {n}x{k}": check_linear(n, k, dev, gen) for _, n, k in sh.linears}
-    out["moe mxfp8"] = check_moe(make_experts(sh, dev, gen), sh, dev, gen)
+    ex = make_experts(sh, dev, gen)
+    out["moe mxfp8"] = check_moe(ex.mx, sh, dev, gen)
+    out["moe nvfp4"] = check_moe(ex.nv, sh, dev, gen)
     return out
 
 
@@ -204,14 +220,18 @@ def decode_step_rows(layers_bf16: int, layers_mx: int, batches: tuple[int, ...],
 # ---- output --------------------------------------------------------------------------------------
 
 def markdown_table(rows: list[Row]) -> str:
-    """One line per kernel and batch: bf16 and MXFP8 us, % of peak, speedup."""
+    """One line per kernel and batch: us and % of peak per weight format, speedup over bf16."""
     by = {(r.kernel, r.batch, r.weights): r for r in rows}
-    lines = ["| kernel | batch | bf16 us | bf16 % peak | MXFP8 us | MXFP8 % peak | speedup |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    fmts = [f for f in ("mxfp8", "nvfp4") if any(r.weights == f for r in rows)]
+    head = "| kernel | batch | bf16 us | bf16 % peak |" + "".join(f" {f} us | {f} % peak | {f} speedup |" for f in fmts)
+    lines = [head, "|---|---:|---:|---:|" + "---:|---:|---:|" * len(fmts)]
     for kernel, batch in dict.fromkeys((r.kernel, r.batch) for r in rows):
-        b, m = by[(kernel, batch, "bf16")], by[(kernel, batch, "mxfp8")]
-        lines.append(f"| {kernel} | {batch} | {b.us:.1f} | {b.pct_peak:.0f}% | {m.us:.1f} | {m.pct_peak:.0f}% "
-                     f"| {b.us / m.us:.2f}x |")
+        b = by[(kernel, batch, "bf16")]
+        cells = [f"| {kernel} | {batch} | {b.us:.1f} | {b.pct_peak:.0f}% |"]
+        for f in fmts:
+            q = by.get((kernel, batch, f))
+            cells.append(f" {q.us:.1f} | {q.pct_peak:.0f}% | {b.us / q.us:.2f}x |" if q else " - | - | - |")
+        lines.append("".join(cells))
     return "\n".join(lines)
 
 

@@ -16,6 +16,7 @@ from typing import Optional
 import typer
 
 from m3bench.cli.errors import EXIT_REGRESSION, M3BenchError, user_errors
+from m3bench.cli.generate import KVChoice
 
 
 class PresetChoice(str, Enum):
@@ -27,14 +28,6 @@ class WeightsChoice(str, Enum):  # mirrors runtime.memory_plan.WeightFormat, plu
     BF16 = "bf16"
     MXFP8 = "mxfp8"
     NVFP4_EXPERTS = "nvfp4-experts"
-
-
-class PlanKVChoice(str, Enum):  # mirrors runtime.kv_cache.KVDtype
-    AUTO = "auto"
-    BF16 = "bf16"
-    FP8 = "fp8"
-    NVFP4 = "nvfp4"
-    HYBRID = "hybrid"
 
 
 class DraftChoice(str, Enum):
@@ -51,7 +44,7 @@ def plan(
     ep: Optional[int] = typer.Option(None, "--ep", min=1, help="Expert-parallel ranks (default: --tp)."),
     weights: WeightsChoice = typer.Option(WeightsChoice.AUTO, "--weights", help="Weight format in memory (auto: "
                                           "as the runtime holds the checkpoint's, see --weights-dtype)."),
-    kv_cache_dtype: PlanKVChoice = typer.Option(PlanKVChoice.AUTO, "--kv-cache-dtype", help="KV cache storage."),
+    kv_cache_dtype: KVChoice = typer.Option(KVChoice.AUTO, "--kv-cache-dtype", help="KV cache storage."),
     gpu_memory_gib: Optional[float] = typer.Option(None, "--gpu-memory-gib", help="Memory of one GPU "
                                                    "(default: this machine's GPU, else 141)."),
     utilization: float = typer.Option(0.9, "--gpu-memory-utilization", help="Share of it the engine may use."),

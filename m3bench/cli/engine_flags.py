@@ -3,5 +3,5 @@
 CUDA_GRAPHS_HELP = "Capture CUDA graphs of the decode step (with --draft: of the verify and draft steps)."
 ASYNC_HELP = ("Overlap scheduling: schedule step N+1 while step N runs on the device (same outputs). "
               "Default: on for CUDA without --draft or --tp > 1.")
-WEIGHTS_DTYPE_HELP = ("auto: MXFP8 checkpoints run natively (NVFP4 experts converted to MXFP8 once on load); "
+WEIGHTS_DTYPE_HELP = ("auto: quantized checkpoints run as stored (MXFP8 layers, NVFP4 routed experts); "
                       "bfloat16: dequantize to the model dtype on load.")

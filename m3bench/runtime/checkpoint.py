@@ -338,6 +338,16 @@ class CheckpointReader:
             return data.view(torch.float8_e4m3fn), scale.view(torch.uint8)
         return quant.quant_mxfp8(self.get(name, torch.float32, shard))
 
+    def get_nvfp4(self, name: str, shard: Shard | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(packed uint8 [rows, cols / 2], e4m3 [rows, cols / 16], fp32 scalar global) of the tensor (or shard):
+        NVFP4 as stored; any other format is dequantized and quantized to NVFP4 once, here."""
+        src = self._source(name)
+        window = _window(src.shape, shard)
+        if src.quant is Quant.NVFP4:
+            data, scale = self._read_blocks(name, src, window)
+            return data.view(torch.uint8), scale.view(torch.float8_e4m3fn), self._read(src.scale_2, ()).float()
+        return quant.quant_nvfp4(self.get(name, torch.float32, shard))
+
     def close(self) -> None:
         self._handles.clear()
 

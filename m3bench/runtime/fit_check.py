@@ -18,9 +18,9 @@ from m3bench.runtime.errors import InputError
 from m3bench.runtime.memory_plan import GIB, DraftShape, MemoryPlan, PlanSettings, WeightFormat, check_fits
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
-# How the runtime holds a quantized checkpoint with weights_dtype "auto": MXFP8 as stored; the NVFP4
-# release's routed experts are converted once on load to MXFP8 (its other linear layers are MXFP8 already).
-NATIVE_FORMATS = {QuantMethod.MXFP8: WeightFormat.MXFP8, QuantMethod.NVFP4: WeightFormat.MXFP8}
+# How the runtime holds a quantized checkpoint with weights_dtype "auto": as stored (the NVFP4 release:
+# routed experts NVFP4, its other linear layers MXFP8).
+NATIVE_FORMATS = {QuantMethod.MXFP8: WeightFormat.MXFP8, QuantMethod.NVFP4: WeightFormat.NVFP4_EXPERTS}
 WEIGHTS_DTYPES = ("auto", "bfloat16")
 
 

@@ -89,8 +89,8 @@ class LLM:
         processes (m3bench spawns ranks 1..N-1, or joins torchrun's; see runtime/distributed).
         `async_scheduling`: schedule step N+1 while step N runs (runtime/overlap_engine; same outputs, deltas
         one step() later); None: on for CUDA without speculation or tensor parallelism, off otherwise.
-        `weights_dtype`: "auto" keeps an MXFP8 checkpoint's linear layers in MXFP8 (NVFP4 experts converted
-        to MXFP8 once on load); "bfloat16" dequantizes them to the model dtype (runtime/fit_check.py)."""
+        `weights_dtype`: "auto" keeps a quantized checkpoint's weights as stored (MXFP8 linear layers, NVFP4
+        routed experts); "bfloat16" dequantizes them to the model dtype (runtime/fit_check.py)."""
         _check_sizes(tokens_per_block, max_batch_size, max_num_tokens)
         self._tp = _start_tp(tensor_parallel_size, model, config, dtype, device, load_format, seed, attention_backend,
                              tokens_per_block, cuda_graphs, speculative_model, weights_dtype)
@@ -518,8 +518,8 @@ def linear_format_for(cfg: ModelConfig, weights_dtype: str) -> LinearFormat:
     from m3bench.runtime.fit_check import resident_format
     from m3bench.runtime.memory_plan import WeightFormat
 
-    fmt = resident_format(cfg, weights_dtype)
-    return LinearFormat.MXFP8 if fmt is WeightFormat.MXFP8 else LinearFormat.PLAIN
+    return {WeightFormat.MXFP8: LinearFormat.MXFP8, WeightFormat.NVFP4_EXPERTS: LinearFormat.NVFP4_EXPERTS}.get(
+        resident_format(cfg, weights_dtype), LinearFormat.PLAIN)
 
 
 def _start_tp(world: int, model: Any, config: Any, dtype: str, device: str, load_format: str, seed: int,

@@ -29,7 +29,7 @@ from m3bench.runtime.layers.mlp import GatedMLP
 from m3bench.runtime.layers.moe import SparseMoe
 from m3bench.runtime.layers.norm import RMSNorm, neutral_value
 from m3bench.runtime.layers.rotary import RotaryEmbedding
-from m3bench.runtime.layers.weight_format import LinearFormat, fill_mxfp8, linear_format
+from m3bench.runtime.layers.weight_format import LinearFormat, fill_mxfp8, fill_nvfp4, linear_format
 from m3bench.runtime.parallel import SINGLE, TPGroup, vocab_parallel_embedding
 
 
@@ -119,7 +119,12 @@ class M3ForCausalLM(nn.Module):
     def load_weights(self, reader) -> None:
         """Fill every parameter through `reader.get(name, dtype=..., shard=...)` (CheckpointReader)."""
         for slot in self.weight_slots():
-            if slot.scale is not None:  # MXFP8 as stored (other formats are converted once, here)
+            if slot.scale_2 is not None:  # NVFP4 as stored (other formats are converted once, here)
+                data, scale, glob = reader.get_nvfp4(slot.name, shard=self._shard(slot))
+                slot.target.copy_(data)
+                slot.scale.copy_(scale)
+                slot.scale_2.copy_(glob.reshape(()).expand(slot.scale_2.shape))
+            elif slot.scale is not None:  # MXFP8 likewise
                 data, scale = reader.get_mxfp8(slot.name, shard=self._shard(slot))
                 slot.target.copy_(data)
                 slot.scale.copy_(scale)
@@ -163,7 +168,7 @@ class M3ForCausalLM(nn.Module):
             _dummy_fill(slot, self.cfg, g)
 
     def _dummy_shard(self, slot: WeightSlot, seed: int) -> None:
-        shape = list(slot.target.shape)
+        shape = list(canonical_shape(slot))
         if slot.shard_dim is not None:
             shape[slot.shard_dim] *= (slot.split or (0, self.tp.world))[1]
         dtype = slot.target.dtype if slot.scale is None else torch.float32
@@ -171,12 +176,20 @@ class M3ForCausalLM(nn.Module):
         _fill(slot, self._local(full, slot))
 
 
+def canonical_shape(slot: WeightSlot) -> tuple[int, ...]:
+    """The (dequantized) shape of a slot's tensor: NVFP4 packs two weights a byte."""
+    *rows, cols = slot.target.shape
+    return (*rows, cols * 2 if slot.scale_2 is not None else cols)
+
+
 def _fill(slot: WeightSlot, w: torch.Tensor) -> None:
-    """Copy w into the slot (quantized to MXFP8 when the slot has a scale)."""
-    if slot.scale is None:
-        slot.target.copy_(w)
-    else:
+    """Copy w into the slot (quantized to the slot's format when it has scales)."""
+    if slot.scale_2 is not None:
+        fill_nvfp4(slot.target, slot.scale, slot.scale_2, w)
+    elif slot.scale is not None:
         fill_mxfp8(slot.target, slot.scale, w)
+    else:
+        slot.target.copy_(w)
 
 
 def dummy_tensor(name: str, shape: tuple[int, ...], dtype: torch.dtype, cfg: ModelConfig, seed: int,
@@ -190,10 +203,10 @@ def dummy_tensor(name: str, shape: tuple[int, ...], dtype: torch.dtype, cfg: Mod
 
 
 def _dummy_fill(slot: WeightSlot, cfg: ModelConfig, g: torch.Generator) -> None:
-    if slot.scale is not None:  # MXFP8: draw in fp32, then quantize
-        w = torch.empty(slot.target.shape, dtype=torch.float32, device=slot.target.device)
+    if slot.scale is not None:  # quantized: draw in fp32 at the canonical shape, then quantize
+        w = torch.empty(canonical_shape(slot), dtype=torch.float32, device=slot.target.device)
         _dummy_fill(WeightSlot(slot.name, w, None), cfg, g)
-        fill_mxfp8(slot.target, slot.scale, w)
+        _fill(slot, w)
         return
     t = slot.target
     if slot.name.endswith("norm.weight"):

@@ -122,10 +122,10 @@ def test_tiny_quantized_then_inspect_generate_and_plan(tmp_path, quant):
                                   "--json", "--weights-dtype", weights])
         assert gen.exit_code == 0, gen.output
         outs.append(json.loads(gen.stdout)["token_ids"])
-    if quant == "mxfp8":  # the same weights, native or dequantized
-        assert outs[0] == outs[1]
+    assert outs[0] == outs[1]  # the same weights, native or dequantized
     plan = runner.invoke(app, ["checkpoint", "plan", str(dest), "--json", "--gpu-memory-gib", "80"])
-    assert plan.exit_code == 0 and json.loads(plan.stdout)["weights"] == "mxfp8"  # as the runtime holds them
+    assert plan.exit_code == 0 and json.loads(plan.stdout)["weights"] == {"mxfp8": "mxfp8",  # as the runtime
+                                                                          "nvfp4": "nvfp4-experts"}[quant]  # holds them
 
 
 def test_quant_needs_m3_names(tmp_path):

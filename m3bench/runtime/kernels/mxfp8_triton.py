@@ -1,6 +1,7 @@
 """Triton MXFP8 GEMM: y = x W^T (+ b) with W float8_e4m3fn [N, K] and E8M0 scales [N, K/32], the
 weight tile dequantized in registers (Hopper has no MX instructions: the scale tile is applied
-inside the GEMM loop, then a bf16 / fp32 tl.dot). `mx_weight_tile` is shared with the fused MoE.
+inside the GEMM loop, then a bf16 / fp32 tl.dot). `mx_weight_tile` and `nv_weight_tile` (NVFP4:
+E2M1 codes, e4m3 scale per 16, fp32 global per row) serve the fused MoE's expert formats.
 """
 
 import triton
@@ -10,6 +11,7 @@ from m3bench.runtime.kernels.kv_tiles_triton import mma
 
 MX_BLOCK = tl.constexpr(32)
 E8M0_BIAS = tl.constexpr(127.0)
+NV_BLOCK = tl.constexpr(16)
 
 
 @triton.jit
@@ -18,6 +20,22 @@ def mx_weight_tile(w_ptrs, s_base, n, kk, s_sn, mask):
     w = tl.load(w_ptrs, mask=mask, other=0.0).to(tl.float32)
     s = tl.load(s_base + n[:, None] * s_sn + (kk // MX_BLOCK)[None, :], mask=mask, other=127)
     return w * tl.exp2(s.to(tl.float32) - E8M0_BIAS)
+
+
+@triton.jit
+def nv_weight_tile(w_base, s_base, g_base, n, kk, s_wn, s_sn, n_ok, k_ok):
+    """fp32 [BLOCK_N, BLOCK_K] of NVFP4 weights: E2M1 codes (two a byte, element 2j in the low nibble)
+    x their e4m3 scale (one per 16 inputs) x the row's fp32 global scale."""
+    mask = n_ok[:, None] & k_ok[None, :]
+    byte = tl.load(w_base + n[:, None] * s_wn + (kk // 2)[None, :], mask=mask, other=0).to(tl.int32)
+    code = tl.where((kk % 2 == 0)[None, :], byte & 15, byte >> 4)
+    e = (code >> 1) & 3
+    m = (code & 1).to(tl.float32)
+    val = tl.where(e == 0, 0.5 * m, (1.0 + 0.5 * m) * tl.exp2((e - 1).to(tl.float32)))
+    val = tl.where(code >= 8, -val, val)
+    s = tl.load(s_base + n[:, None] * s_sn + (kk // NV_BLOCK)[None, :], mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(g_base + n, mask=n_ok, other=0.0).to(tl.float32)
+    return val * s * g[:, None]
 
 
 @triton.jit(do_not_specialize=["M"])

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from m3bench.runtime.kernels.mxfp8 import mxfp8_linear
-from m3bench.runtime.layers.weight_format import LinearFormat, current_linear_format, mx_params
+from m3bench.runtime.layers.weight_format import current_linear_format, mx_params
 from m3bench.runtime.parallel import SINGLE, TPGroup
 
 
@@ -28,7 +28,8 @@ class WeightSlot:
     target: torch.Tensor
     shard_dim: int | None  # dimension of the canonical tensor split over TP; None = replicated
     split: tuple[int, int] | None = None  # (piece, pieces) when not (tp rank, tp world): duplicated heads
-    scale: torch.Tensor | None = None  # MXFP8: the E8M0 scales of `target` (uint8 [rows, cols / 32])
+    scale: torch.Tensor | None = None  # MXFP8: E8M0 scales of `target` (uint8 [rows, cols / 32]); NVFP4: e4m3 [rows, cols / 16]
+    scale_2: torch.Tensor | None = None  # NVFP4: fp32 global scale per row [rows] (target: packed uint8 [rows, cols / 2])
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ def _param(shape: tuple[int, ...], dtype: torch.dtype, device) -> nn.Parameter:
 
 def _weight(shape: tuple[int, int], dtype: torch.dtype, device) -> tuple[nn.Parameter, nn.Parameter | None]:
     """(weight, MXFP8 scale or None) in the current linear format."""
-    if current_linear_format() is LinearFormat.MXFP8:
+    if current_linear_format().linears_mxfp8:
         return mx_params(shape, device)
     return _param(shape, dtype, device), None
 

@@ -103,7 +103,7 @@ def record_all(q_lens):
 
 
 def record_mxfp8(T):
-    """MXFP8 experts and linear layers at one TP8 rank's shapes (batch 1 and 64)."""
+    """MXFP8 / NVFP4 experts and MXFP8 linear layers at one TP8 rank's shapes (batch 1 and 64)."""
     for n_tok in (1, 64):
         xs = torch.randn(n_tok, 6144).to(torch.bfloat16)
         wg = torch.empty(16, 3072, 6144, dtype=torch.float8_e4m3fn)
@@ -112,6 +112,12 @@ def record_mxfp8(T):
                            torch.empty(16, 6144, 96, dtype=torch.uint8))
         ids = torch.randint(0, 16, (n_tok, 4), dtype=torch.int32)
         fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T, scales=scales)
+        e4m3 = torch.float8_e4m3fn
+        nv = MoeScales(torch.empty(16, 3072, 384, dtype=e4m3), torch.empty(16, 3072, 384, dtype=e4m3),
+                       torch.empty(16, 6144, 192, dtype=e4m3), torch.empty(16, 3072), torch.empty(16, 3072),
+                       torch.empty(16, 6144))
+        fused_moe(xs, torch.empty(16, 3072, 3072, dtype=torch.uint8), torch.empty(16, 3072, 3072, dtype=torch.uint8),
+                  torch.empty(16, 6144, 1536, dtype=torch.uint8), ids, torch.rand(n_tok, 4), backend=T, scales=nv)
         for n, k in ((1024 + 2 * 128 + 128 + 128, 6144), (6144, 1024), (2 * 384, 6144), (6144, 384)):
             w, sc = torch.empty(n, k, dtype=torch.float8_e4m3fn), torch.empty(n, k // 32, dtype=torch.uint8)
             mxfp8_linear(torch.randn(n_tok, k).to(torch.bfloat16), w, sc, backend=T)

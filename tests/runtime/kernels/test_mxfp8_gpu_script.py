@@ -26,12 +26,14 @@ def test_table_rows_give_peak_share_and_speedup(bench):
     assert rows[0].pct_peak == pytest.approx(100 * n * k * 2 / 10e-6 / 4.3e12)
     line = bench.markdown_table(rows).splitlines()[-1]
     assert line.startswith("| qkv | 1 | 10.0 |") and line.endswith("| 2.00x |")
+    rows.append(bench.Row("qkv", "nvfp4", 1, 4.0, 1))
+    assert bench.markdown_table(rows).splitlines()[-1].endswith("| 2.00x | 4.0 | 0% | 2.50x |")
 
 
 def test_tiny_run_checks_pass_and_writes_json(bench, tmp_path, triton_interpreter):
     out = tmp_path / "mx.json"
     assert bench.main(["--tiny", "--json", str(out)]) == 0
     d = json.loads(out.read_text())
-    assert all(v < 2e-2 for v in d["checks"].values()) and len(d["checks"]) == 3
+    assert all(v < 2e-2 for v in d["checks"].values()) and len(d["checks"]) == 4
     kernels = {(r["kernel"], r["weights"]) for r in d["kernels"]}
-    assert ("moe-local", "mxfp8") in kernels and ("qkv", "bf16") in kernels
+    assert {("moe-local", "mxfp8"), ("moe-ep", "nvfp4"), ("qkv", "bf16")} <= kernels

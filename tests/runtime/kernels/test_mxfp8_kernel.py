@@ -63,3 +63,46 @@ def test_mxfp8_fused_moe_matches_dequantized_fp32(tiles):
     assert torch.allclose(got.double(), want, atol=1e-3, rtol=1e-4)
     torch_path = fused_moe(x, wgu[:, :inter], wgu[:, inter:], wd, ids, w, backend=KernelBackend.TORCH, scales=scales)
     assert torch.allclose(torch_path.double(), want, atol=1e-3, rtol=1e-4)
+
+
+def _nv(g, n_exp, rows, cols):
+    """Stacked NVFP4 experts with a different global scale per expert (one per row, as the layer keeps them)."""
+    parts = [quant.quant_nvfp4(torch.randn(rows, cols, generator=g) * (e + 1)) for e in range(n_exp)]
+    packed, scale = torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts])
+    glob = torch.stack([p[2].expand(rows) for p in parts]).contiguous()
+    return packed, scale, glob
+
+
+@pytest.mark.parametrize("tiles", [MoeTiles(16, 16, 32), MoeTiles(16, 32, 64, block_n_down=16)])
+def test_nvfp4_fused_moe_matches_dequantized_fp32(tiles):
+    g = torch.Generator().manual_seed(8)
+    n_tok, top_k, n_exp, hidden, inter = 6, 2, 4, 64, 96
+    (pgu, sgu, ggu), (pd, sd, gd) = _nv(g, n_exp, 2 * inter, hidden), _nv(g, n_exp, hidden, inter)
+    ids = torch.randint(-1, n_exp + 1, (n_tok, top_k), generator=g, dtype=torch.int32)
+    ids[0] = torch.arange(top_k)
+    x, w = torch.randn(n_tok, hidden, generator=g), torch.rand(n_tok, top_k, generator=g) + 0.1
+    i = inter
+    scales = MoeScales(sgu[:, :i], sgu[:, i:], sd, ggu[:, :i], ggu[:, i:], gd)
+    got = fused_moe(x, pgu[:, :i], pgu[:, i:], pd, ids, w, backend=T, tiles=tiles, scales=scales)
+    dgu, dd = quant.dequant_nvfp4(pgu, sgu, ggu, torch.float64), quant.dequant_nvfp4(pd, sd, gd, torch.float64)
+    want = fused_moe_ref(x.double(), dgu[:, :i], dgu[:, i:], dd, ids, w.double())
+    assert torch.allclose(got.double(), want, atol=1e-3 * want.abs().max().item(), rtol=1e-4)
+    torch_path = fused_moe(x, pgu[:, :i], pgu[:, i:], pd, ids, w, backend=KernelBackend.TORCH, scales=scales)
+    assert torch.allclose(torch_path.double(), want, atol=1e-3 * want.abs().max().item(), rtol=1e-4)
+
+
+def test_nvfp4_tile_decodes_every_code():
+    """All 16 E2M1 codes in both nibbles, through the kernel (one expert, identity routing)."""
+    codes = torch.arange(16).repeat(4)  # 64 inputs
+    packed = quant.pack_e2m1(codes.view(1, -1).expand(32, -1)).view(1, 32, 32)
+    scale = torch.ones(1, 32, 4).to(torch.float8_e4m3fn)
+    glob = torch.full((1, 32), 0.5)
+    want = quant.dequant_nvfp4(packed[0], scale[0], glob[0], torch.float32)
+    assert want[0, :16].tolist() == [0.5 * v for v in quant.e2m1_table().tolist()]
+    down_p, down_s, down_g = _nv(torch.Generator().manual_seed(1), 1, 64, 32)
+    x = torch.eye(64)[:3]
+    ids, w = torch.zeros(3, 1, dtype=torch.int32), torch.ones(3, 1)
+    scales = MoeScales(scale, scale, down_s, glob, glob, down_g)
+    got = fused_moe(x, packed, packed, down_p, ids, w, backend=T, tiles=MoeTiles(16, 32, 64), scales=scales)
+    ref = fused_moe(x, packed, packed, down_p, ids, w, backend=KernelBackend.TORCH, scales=scales)
+    assert torch.allclose(got, ref, atol=1e-5)
