@@ -28,15 +28,20 @@ class LinearTiles:
     block_k: int = 128
     num_warps: int = 4
     num_stages: int = 4
+    split_k: int = 1  # > 1: K in that many pieces, fp32 partials summed after (skinny decode GEMMs)
 
 
-def linear_tiles(m: int, n: int) -> LinearTiles:
-    """Skinny M (decode): BLOCK_M 16 and N tiles narrowed until the grid fills the GPU."""
+def linear_tiles(m: int, n: int, k: int = 0) -> LinearTiles:
+    """Skinny M (decode): BLOCK_M 16, N tiles narrowed, then K split until the grid fills the GPU."""
     block_m = 16 if m <= 16 else 32 if m <= 32 else 64
     block_n = 128
     while block_n > 16 and math.ceil(m / block_m) * math.ceil(n / block_n) < MIN_PROGRAMS:
         block_n //= 2
-    return LinearTiles(block_m, block_n, num_warps=4 if block_m <= 32 else 8)
+    split = 1
+    while (math.ceil(m / block_m) * math.ceil(n / block_n) * split < MIN_PROGRAMS and split < 8
+           and k % (2 * split * 128) == 0):
+        split *= 2
+    return LinearTiles(block_m, block_n, num_warps=4 if block_m <= 32 else 8, split_k=split)
 
 
 def mxfp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
@@ -49,23 +54,34 @@ def mxfp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bia
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     n = weight.shape[0]
-    y = x2.new_empty((x2.shape[0], n))
-    if x2.shape[0]:
-        _launch(x2, weight, scale, bias, y, tiles or linear_tiles(x2.shape[0], n))
-    return y.reshape(*lead, n)
+    t = tiles or linear_tiles(x2.shape[0], n, k)
+    if not x2.shape[0]:
+        return x2.new_empty((*lead, n))
+    if t.split_k == 1:
+        y = x2.new_empty((x2.shape[0], n))
+        _launch(x2, weight, scale, bias, y, t)
+        return y.reshape(*lead, n)
+    parts = x2.new_empty((t.split_k, x2.shape[0], n), dtype=torch.float32)
+    _launch(x2, weight, scale, None, parts, t)
+    y = parts.sum(0) if bias is None else parts.sum(0) + bias
+    return y.to(x.dtype).reshape(*lead, n)
 
 
 def _launch(x, weight, scale, bias, y, t: LinearTiles) -> None:
+    """y [M, N] (or fp32 partials [split_k, M, N]) of x @ dequant(weight)^T (+ bias)."""
     from m3bench.runtime.kernels.mxfp8_triton import _mxfp8_linear_kernel
 
     if weight.stride(-1) != 1 or scale.stride(-1) != 1:
         raise ValueError("MXFP8 weight and scale must be contiguous along K")
     m, k = x.shape
     n = weight.shape[0]
-    grid = (math.ceil(m / t.block_m), math.ceil(n / t.block_n))
+    if k % (t.split_k * t.block_k) and t.split_k > 1:
+        raise ValueError(f"split_k {t.split_k} x block_k {t.block_k} does not divide K {k}")
+    grid = (math.ceil(m / t.block_m), math.ceil(n / t.block_n), t.split_k)
     _mxfp8_linear_kernel[grid](
         x, weight, scale.view(torch.uint8), bias if bias is not None else y, y, m,
-        x.stride(0), weight.stride(0), scale.stride(0), y.stride(0),
-        N=n, K=k, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, HAS_BIAS=bias is not None,
-        F32=x.dtype == torch.float32 or interpreting(), num_warps=t.num_warps, num_stages=t.num_stages,
+        x.stride(0), weight.stride(0), scale.stride(0), y.stride(-2), m * n,
+        N=n, K=k, K_SPLIT=k // t.split_k, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
+        HAS_BIAS=bias is not None, F32=x.dtype == torch.float32 or interpreting(), num_warps=t.num_warps,
+        num_stages=t.num_stages,
     )

@@ -40,16 +40,18 @@ def nv_weight_tile(w_base, s_base, g_base, n, kk, s_wn, s_sn, n_ok, k_ok):
 
 @triton.jit(do_not_specialize=["M"])
 def _mxfp8_linear_kernel(
-    x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, s_xm, s_wn, s_sn, s_ym,
-    N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    HAS_BIAS: tl.constexpr, F32: tl.constexpr,
+    x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, s_xm, s_wn, s_sn, s_ym, s_split,
+    N: tl.constexpr, K: tl.constexpr, K_SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, F32: tl.constexpr,
 ):
-    """One [BLOCK_M, BLOCK_N] tile of y, fp32 accumulation over K in BLOCK_K steps."""
+    """One [BLOCK_M, BLOCK_N] tile of y over K range program_id(2) * K_SPLIT + [0, K_SPLIT), fp32
+    accumulation in BLOCK_K steps; with K split, program s writes its partial at y + s * s_split."""
     m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_start = tl.program_id(2) * K_SPLIT
     m_ok, n_ok = m < M, n < N
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(k_start, k_start + K_SPLIT, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
         k_ok = kk < K
         a = tl.load(x_ptr + m[:, None].to(tl.int64) * s_xm + kk[None, :], mask=m_ok[:, None] & k_ok[None, :],
@@ -59,5 +61,5 @@ def _mxfp8_linear_kernel(
         acc += mma(a, tl.trans(w), F32)
     if HAS_BIAS:
         acc += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    out = y_ptr + m[:, None].to(tl.int64) * s_ym + n[None, :]
+    out = y_ptr + tl.program_id(2).to(tl.int64) * s_split + m[:, None].to(tl.int64) * s_ym + n[None, :]
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])

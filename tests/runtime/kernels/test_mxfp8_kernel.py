@@ -20,7 +20,8 @@ def _mx(g, *shape):
 
 
 @pytest.mark.parametrize("m, n, k, tiles", [(1, 48, 64, LinearTiles(16, 16, 32)), (5, 40, 96, LinearTiles(16, 32, 64)),
-                                             (33, 24, 128, None)])
+                                             (33, 24, 128, None), (2, 40, 256, LinearTiles(16, 16, 32, split_k=4)),
+                                             (3, 24, 512, None)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_mxfp8_linear_matches_dequantized_fp32(m, n, k, tiles, bias):
     g = torch.Generator().manual_seed(m * 100 + n + bias)
@@ -33,6 +34,14 @@ def test_mxfp8_linear_matches_dequantized_fp32(m, n, k, tiles, bias):
     assert got.dtype == torch.float32 and torch.allclose(got.double(), want, atol=1e-4, rtol=1e-4)
     torch_path = mxfp8_linear(x, w, s, b, backend=KernelBackend.TORCH)
     assert torch.allclose(torch_path.double(), want, atol=1e-4, rtol=1e-4)
+
+
+def test_decode_tiles_split_k_until_the_grid_fills():
+    from m3bench.runtime.kernels.mxfp8 import linear_tiles
+
+    t = linear_tiles(1, 1536, 6144)  # qkv + index of a TP8 rank at batch 1: 96 N tiles of 16
+    assert (t.block_m, t.block_n, t.split_k) == (16, 16, 4)
+    assert linear_tiles(64, 6144, 1024).split_k == 1 and linear_tiles(3, 24, 512).split_k == 4
 
 
 def test_mxfp8_linear_keeps_leading_dims_and_reads_the_scales():
