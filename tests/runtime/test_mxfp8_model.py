@@ -96,3 +96,17 @@ def test_dummy_load_builds_nvfp4_experts(nv_dir):
 def test_unknown_weights_dtype(mx_dir):
     with pytest.raises(InputError, match="weights_dtype"):
         LLM(mx_dir, weights_dtype="int4", num_kv_blocks=8)
+
+
+def test_mxfp8_needs_32_aligned_inputs(tmp_path):
+    from m3bench.runtime.tiny import TinySpec
+
+    spec = TinySpec(vocab_size=2048, hidden_size=48, num_heads=4, num_kv_heads=2, head_dim=12, rotary_dim=4,
+                    dense_intermediate_size=96, intermediate_size=32, shared_intermediate_size=32, index_dim=12)
+    path = write_tiny_checkpoint(tmp_path / "odd", seed=0, spec=spec)
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "mxfp8", "weight_block_size": [1, 32]}
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(InputError, match="multiple of 32 inputs"):
+        LLM(path, load_format="dummy", num_kv_blocks=8)
+    LLM(path, load_format="dummy", num_kv_blocks=8, weights_dtype="bfloat16")  # dequantized: any shape

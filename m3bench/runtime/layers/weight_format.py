@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from m3bench.runtime import quant
+from m3bench.runtime.errors import ConfigError
 
 
 class LinearFormat(Enum):
@@ -57,7 +58,8 @@ def mx_params(shape: tuple[int, ...], device) -> tuple[nn.Parameter, nn.Paramete
     """(fp8 weight [..., K], uint8 scale [..., K / 32]) parameters, K a multiple of 32."""
     *lead, k = shape
     if k % quant.MX_BLOCK:
-        raise ValueError(f"MXFP8 weights need a multiple of {quant.MX_BLOCK} inputs, got {k}")
+        raise ConfigError(f"MXFP8 weights need a multiple of {quant.MX_BLOCK} inputs per rank, got a {tuple(shape)} "
+                          "weight (use --weights-dtype bfloat16, or another --tp)")
     w = nn.Parameter(torch.empty(shape, dtype=torch.float8_e4m3fn, device=device), requires_grad=False)
     s = nn.Parameter(torch.empty((*lead, k // quant.MX_BLOCK), dtype=torch.uint8, device=device), requires_grad=False)
     return w, s
@@ -67,7 +69,8 @@ def nv_params(shape: tuple[int, int, int], device) -> tuple[nn.Parameter, nn.Par
     """Stacked NVFP4 experts [E, R, K]: (packed uint8 [E, R, K/2], e4m3 scale [E, R, K/16], fp32 global [E, R])."""
     e, r, k = shape
     if k % quant.NV_BLOCK:
-        raise ValueError(f"NVFP4 weights need a multiple of {quant.NV_BLOCK} inputs, got {k}")
+        raise ConfigError(f"NVFP4 experts need a multiple of {quant.NV_BLOCK} inputs, got a {tuple(shape)} weight "
+                          "(use --weights-dtype bfloat16)")
     def param(s, dt):  # noqa: E306
         return nn.Parameter(torch.empty(s, dtype=dt, device=device), requires_grad=False)
     return (param((e, r, k // 2), torch.uint8), param((e, r, k // quant.NV_BLOCK), torch.float8_e4m3fn),
