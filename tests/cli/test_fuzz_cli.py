@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from m3bench.cli.main import app
 
 OWNER_15 = None  # issue 15 landed: engine flags are validated by EngineConfig
-OWNER_16 = "issue 16 (config.json value types)"
+OWNER_16 = None  # issue 16 landed: config.json values are type-checked
 
 GEN = {"": ["generate"], "--model": "{tiny}", "--prompt": "hi", "--max-tokens": "2", "--tokens-per-block": "128"}
 ACC = {"": ["accuracy"], "--model": "{tiny}", "--model-id": "m3bench/tiny-m3", "--task": "gsm8k",

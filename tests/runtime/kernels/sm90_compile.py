@@ -22,12 +22,14 @@ from m3bench.runtime.kernels import (
     kv_write_triton,
     moe_triton,
     msa_index_triton,
+    mxfp8_triton,
 )
 from m3bench.runtime.kernels import kv_quant as kq
 from m3bench.runtime.kernels.attention import paged_attention
 from m3bench.runtime.kernels.backend import KernelBackend
 from m3bench.runtime.kernels.kv_write import write_pages
-from m3bench.runtime.kernels.moe import MoeTiles, fused_moe
+from m3bench.runtime.kernels.moe import MoeScales, MoeTiles, fused_moe
+from m3bench.runtime.kernels.mxfp8 import mxfp8_linear
 from m3bench.runtime.kernels.msa_index import msa_select_blocks
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.uint8: "u8",
@@ -65,7 +67,7 @@ def compile_launch(fn, args, kwargs):
 
 
 def record_all(q_lens):
-    for mod in (attention_triton, msa_index_triton, moe_triton, kv_write_triton):
+    for mod in (attention_triton, msa_index_triton, moe_triton, kv_write_triton, mxfp8_triton):
         for name in dir(mod):
             if isinstance(getattr(mod, name), triton.JITFunction) and name.endswith("_kernel"):
                 setattr(mod, name, Recorder(getattr(mod, name)))
@@ -97,6 +99,28 @@ def record_all(q_lens):
         ids = torch.randint(0, 16, (n_tok, 4), dtype=torch.int32)
         fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T)
     fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T, tiles=MoeTiles(64, 128, 64, 8, 3))
+    record_mxfp8(T)
+
+
+def record_mxfp8(T):
+    """MXFP8 / NVFP4 experts and MXFP8 linear layers at one TP8 rank's shapes (batch 1 and 64)."""
+    for n_tok in (1, 64):
+        xs = torch.randn(n_tok, 6144).to(torch.bfloat16)
+        wg = torch.empty(16, 3072, 6144, dtype=torch.float8_e4m3fn)
+        wd = torch.empty(16, 6144, 3072, dtype=torch.float8_e4m3fn)
+        scales = MoeScales(torch.empty(16, 3072, 192, dtype=torch.uint8), torch.empty(16, 3072, 192, dtype=torch.uint8),
+                           torch.empty(16, 6144, 96, dtype=torch.uint8))
+        ids = torch.randint(0, 16, (n_tok, 4), dtype=torch.int32)
+        fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T, scales=scales)
+        e4m3 = torch.float8_e4m3fn
+        nv = MoeScales(torch.empty(16, 3072, 384, dtype=e4m3), torch.empty(16, 3072, 384, dtype=e4m3),
+                       torch.empty(16, 6144, 192, dtype=e4m3), torch.empty(16, 3072), torch.empty(16, 3072),
+                       torch.empty(16, 6144))
+        fused_moe(xs, torch.empty(16, 3072, 3072, dtype=torch.uint8), torch.empty(16, 3072, 3072, dtype=torch.uint8),
+                  torch.empty(16, 6144, 1536, dtype=torch.uint8), ids, torch.rand(n_tok, 4), backend=T, scales=nv)
+        for n, k in ((1024 + 2 * 128 + 128 + 128, 6144), (6144, 1024), (2 * 384, 6144), (6144, 384)):
+            w, sc = torch.empty(n, k, dtype=torch.float8_e4m3fn), torch.empty(n, k // 32, dtype=torch.uint8)
+            mxfp8_linear(torch.randn(n_tok, k).to(torch.bfloat16), w, sc, backend=T)
 
 
 def main() -> int:
