@@ -169,9 +169,13 @@ def read_config_json(path: Path | str, what: str = "config.json") -> Any:
     if not p.exists():
         raise ConfigError(f"no {what} at {p}")
     try:
-        return json.loads(p.read_text())
+        return json.loads(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{p} is not UTF-8 text ({e.reason} at byte {e.start})") from None
     except json.JSONDecodeError as e:
         raise ConfigError(f"{p} is not valid JSON: {e.msg} (line {e.lineno})") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read {p}: {e.strerror}") from None
 
 
 # Keys a VL wrapper may hold at its top level instead of in text_config.
