@@ -4,10 +4,13 @@ MSA index branch on sparse layers, KV-cache write through the slot mapping, then
 At TP, q/k/v heads and index heads split over the world (index head h serves KV head h); with
 fewer KV heads than ranks each KV head (and its index head) is duplicated on world / Hkv ranks, as
 TensorRT-LLM runs M3 at TP8; the single index key head is replicated; o_proj is row-parallel with
-one all-reduce.
+one all-reduce. `replicate_index_projection()` makes a rank compute every index head (as a
+deployment with a replicated index projection does) and keep the heads serving its KV heads.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 from torch import nn
@@ -46,6 +49,19 @@ class Attention(nn.Module):
         self.k_norm = norm(cfg.head_dim) if cfg.qk_norm else None
         self.index_q_norm = norm(cfg.msa.index_dim) if self.sparse else None
         self.index_k_norm = norm(cfg.msa.index_dim) if self.sparse else None
+        self.index_pick: slice | None = None  # replicated index projection: this rank's heads
+
+    def replicate_index_projection(self) -> None:
+        """Every index head computed on this rank, the ones of its KV heads kept (call before loading)."""
+        tp = self.qkv.tp
+        if not self.sparse or tp.world == 1:
+            return
+        segs = tuple(replace(s, sharded=False) if s.name == "index_q_proj" else s for s in self.qkv.segments)
+        w = self.qkv.weight
+        self.qkv = ColumnParallelLinear(w.shape[1], segs, self.qkv.bias is not None, w.dtype, w.device, tp)
+        piece, pieces = tp.head_split(self.cfg.msa.index_heads, "index heads")
+        n = self.cfg.msa.index_heads // pieces
+        self.index_pick = slice(piece * n, (piece + 1) * n)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttnMetadata, kv: KVCache,
                 backend) -> torch.Tensor:
@@ -61,6 +77,8 @@ class Attention(nn.Module):
         else:
             di = self.cfg.msa.index_dim
             iq = self._norm_rope(parts[3].view(t, -1, di), self.index_q_norm, cos, sin)
+            if self.index_pick is not None:
+                iq = iq[:, self.index_pick]
             ik = self._norm_rope(parts[4], self.index_k_norm, cos, sin)
             kv.write(self.layer, k, v, ik, meta.slot_mapping)
             o = backend.msa(self.layer, q, iq, meta, kv, self.scale, self.cfg.msa)
