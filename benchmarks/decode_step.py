@@ -353,6 +353,18 @@ def parse_args(argv: list[str] | None):
     return ap.parse_args(argv)
 
 
+def run_profile(plan: Plan, dev: torch.device, args, res: dict) -> None:
+    """--profile: kernels per layer at batch 1 and 64 (CPU: the smoke plan's batches), one context."""
+    from decode_profile import profile_lines, profile_rank
+
+    model, kv = build_rank(plan, dev)
+    batches = tuple(args.batches or ((1, 2) if args.cpu_smoke else (1, 64)))
+    ctx = (args.contexts or [40 if args.cpu_smoke else 8192])[0]
+    parts = profile_rank(model, kv, plan.shapes, batches, ctx, dev, reps=2 if args.cpu_smoke else 10)
+    res["profile"] = [asdict(p) for p in parts]
+    print("\n".join(profile_lines(parts, timed=dev.type == "cuda")), flush=True)
+
+
 def run_checks(plan: Plan, dev: torch.device, tiny: bool, res: dict) -> bool:
     res["check_model"] = _guard("check_model", lambda: check_fast_path(plan.shapes, dev, tiny), res) or []
     _free(dev)
@@ -387,9 +399,15 @@ def main(argv: list[str] | None = None) -> int:
         print("no CUDA device (use --cpu-smoke for the CPU smoke run)")
         return 2
     dev = torch.device("cpu" if args.cpu_smoke else "cuda")
+    if args.profile and args.layers is None:  # one dense and one MSA + MoE layer suffice
+        args.layers = (TINY_RANK if args.cpu_smoke else RANK).dense_layers + 1
     plan, t0 = make_plan(args, not args.cpu_smoke), time.perf_counter()
     res = {"layers": plan.layers, "plan": asdict(plan), "m3": [],
            "device": "cpu" if args.cpu_smoke else torch.cuda.get_device_name(dev)}
+    if args.profile:
+        run_profile(plan, dev, args, res)
+        _write_json(res, "decode_profile.json")
+        return 0
     ok = True if args.skip_checks else run_checks(plan, dev, args.cpu_smoke, res)
     print(f"[{time.perf_counter() - t0:.0f} s] checks {'passed' if ok else 'FAILED'}", flush=True)
     if not args.check_only:
@@ -410,11 +428,11 @@ def _free(dev: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def _write_json(res: dict) -> None:
+def _write_json(res: dict, name: str = "decode_step.json") -> None:
     out = os.environ.get("OUT")
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)
-        (Path(out) / "decode_step.json").write_text(json.dumps(res, indent=1, default=str))
+        (Path(out) / name).write_text(json.dumps(res, indent=1, default=str))
 
 
 if __name__ == "__main__":

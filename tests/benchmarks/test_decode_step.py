@@ -168,3 +168,20 @@ def test_routing_modes_and_their_stats(fl, rt):
     assert all(0 <= e <= s.experts for e in real.experts_read)
     picks, distinct = routing.local_picks(torch.tensor([[0, 5, 3, 40], [3, 3, 9, 1]]), 0, 4)
     assert (picks, distinct) == (2.5, 3)
+
+
+def test_cpu_smoke_profile_counts_ops_per_layer(ds, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("OUT", str(tmp_path))
+    assert ds.main(["--cpu-smoke", "--profile"]) == 0
+    res = json.loads((tmp_path / "decode_profile.json").read_text())
+    parts = {(p["part"], p["batch"]) for p in res["profile"]}
+    names = ("dense layer", "MSA+MoE layer (realistic)", "MSA+MoE layer (all-local)", "head")
+    assert parts == {(n, b) for n in names for b in (1, 2)}
+    for p in res["profile"]:
+        ops = {k["name"]: k["count"] for k in p["kernels"]}
+        assert all(c > 0 for c in ops.values()) and all(k["us"] == 0 for k in p["kernels"])  # CPU: counts only
+        if p["part"].startswith("MSA"):
+            assert ops["aten::sigmoid"] >= 1 and ops["aten::topk"] >= 1  # the router is in the layer
+        if p["part"] == "head":
+            assert ops["aten::linear"] == 1  # the logits
+    assert "torch ops (counts only: CPU) per call" in capsys.readouterr().out
