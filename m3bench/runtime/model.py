@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from m3bench.runtime.attention import kernel_backend_of
 from m3bench.runtime.attention.metadata import AttnMetadata
 from m3bench.runtime.attention.torch_backend import TorchBackend
 from m3bench.runtime.config import MlpKind, ModelConfig
@@ -53,8 +54,9 @@ class DecoderLayer(nn.Module):
         self.mlp_prefix = "moe." if cfg.mlp_kinds[layer] is MlpKind.MOE else "mlp."
 
     def forward(self, h: torch.Tensor, cos, sin, meta: AttnMetadata, kv: KVCache, backend) -> torch.Tensor:
-        h = h + self.attn(self.input_norm(h), cos, sin, meta, kv, backend)
-        return h + self.mlp(self.post_attn_norm(h))
+        a = self.attn(self.input_norm(h), cos, sin, meta, kv, backend)
+        h, x = self.post_attn_norm.add_forward(h, a, kernel_backend_of(backend))  # residual add + norm fused
+        return h + self.mlp(x)
 
     def slots(self, prefix: str) -> list[WeightSlot]:
         return [WeightSlot(f"{prefix}input_norm.weight", self.input_norm.weight, None),

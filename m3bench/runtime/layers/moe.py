@@ -24,6 +24,7 @@ from torch import nn
 from m3bench.runtime.config import Activation, MoeConfig
 from m3bench.runtime.kernels.backend import KernelBackend, use_triton
 from m3bench.runtime.kernels.moe import MoeActivation, fused_moe
+from m3bench.runtime.kernels.router import router_topk, router_topk_supported
 from m3bench.runtime.layers.activation import split_gate_up
 from m3bench.runtime.layers.linear import WeightSlot
 from m3bench.runtime.layers.mlp import GatedMLP
@@ -32,9 +33,13 @@ from m3bench.runtime.parallel import SINGLE, TPGroup
 
 
 def route(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, top_k: int,
-          scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [T, H] -> (weights [T, k] in the router's dtype, expert ids [T, k] int64)."""
-    s = torch.sigmoid(F.linear(x.to(weight.dtype), weight))
+          scale: float, backend: KernelBackend = KernelBackend.TORCH) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, H] -> (weights [T, k] in the router's dtype, expert ids [T, k] int64); the epilogue after
+    the GEMM runs as one Triton kernel (kernels.router) when the backend picks Triton."""
+    logits = F.linear(x.to(weight.dtype), weight)
+    if use_triton(backend, logits) and router_topk_supported(logits, top_k):
+        return router_topk(logits, bias, top_k, scale)
+    s = torch.sigmoid(logits)
     choice = s if bias is None else s + bias
     ids = choice.topk(top_k, dim=-1).indices
     w = s.gather(1, ids)
@@ -67,7 +72,8 @@ class SparseMoe(nn.Module):
                                 reduce=False) if m.shared_intermediate_size else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w, ids = route(x, self.router_weight, self.router_bias, self.m.top_k, self.m.routed_scaling_factor)
+        w, ids = route(x, self.router_weight, self.router_bias, self.m.top_k, self.m.routed_scaling_factor,
+                       self.kernel_backend)
         y = self.experts(x, w, ids - self.first_expert if self.first_expert else ids)  # local expert ids
         if self.shared is not None:
             y = y + self.shared(x).to(y.dtype)
