@@ -18,10 +18,13 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from m3bench.runtime.kernels import (
+    add_norm_triton,
     attention_triton,
     kv_write_triton,
     moe_triton,
     msa_index_triton,
+    norm_rope_triton,
+    router_triton,
 )
 from m3bench.runtime.kernels import kv_quant as kq
 from m3bench.runtime.kernels.attention import paged_attention
@@ -29,6 +32,9 @@ from m3bench.runtime.kernels.backend import KernelBackend
 from m3bench.runtime.kernels.kv_write import write_pages
 from m3bench.runtime.kernels.moe import MoeTiles, fused_moe
 from m3bench.runtime.kernels.msa_index import msa_select_blocks
+from m3bench.runtime.kernels.add_norm import add_rms_norm_fused
+from m3bench.runtime.kernels.norm_rope import Branch, norm_rope_write
+from m3bench.runtime.kernels.router import router_topk
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.uint8: "u8",
            torch.int32: "i32", torch.int64: "i64", torch.float8_e4m3fn: "fp8e4nv"}
@@ -65,7 +71,8 @@ def compile_launch(fn, args, kwargs):
 
 
 def record_all(q_lens):
-    for mod in (attention_triton, msa_index_triton, moe_triton, kv_write_triton):
+    for mod in (attention_triton, msa_index_triton, moe_triton, kv_write_triton, router_triton, add_norm_triton,
+                norm_rope_triton):
         for name in dir(mod):
             if isinstance(getattr(mod, name), triton.JITFunction) and name.endswith("_kernel"):
                 setattr(mod, name, Recorder(getattr(mod, name)))
@@ -97,6 +104,21 @@ def record_all(q_lens):
         ids = torch.randint(0, 16, (n_tok, 4), dtype=torch.int32)
         fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T)
     fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T, tiles=MoeTiles(64, 128, 64, 8, 3))
+    record_fused(caches, x[:, 0])
+
+
+def record_fused(caches, x3):
+    """The fused ops at the rank's shapes: router epilogue, residual add + norm, norm + RoPE + KV write."""
+    router_topk(torch.randn(64, 128), torch.randn(128), 4, 2.0)
+    h = torch.randn(64, 6144).to(torch.bfloat16)
+    add_rms_norm_fused(h, h, torch.zeros(6144, dtype=torch.bfloat16), 1e-6, True)
+    d, y = 128, torch.randn(4, 15 * 128).to(torch.bfloat16)
+    cos = sin = torch.randn(4, 32)
+    slots, w = torch.arange(4), torch.zeros(d, dtype=torch.bfloat16)
+    index_caches = (x3.to(torch.bfloat16), kq.quantize_fp8(x3), kq.Nvfp4Pages(*kq.quantize_nvfp4(x3, 1.0), torch.ones(1)))
+    for cache, ik in zip(caches.values(), index_caches):
+        norm_rope_write(y, Branch(0, 8 * d, 9 * d, 8, 1, 1, d), w, w, 1e-6, True, cos, sin, slots, cache, cache)
+        norm_rope_write(y, Branch(10 * d, 14 * d, 0, 4, 1, 0, d), w, w, 1e-6, True, cos, sin, slots, ik)
 
 
 def main() -> int:
