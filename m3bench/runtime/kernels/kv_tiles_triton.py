@@ -57,6 +57,21 @@ def load_kv_tile(data_ptr, scale_ptr, gscale, row_off, sc_row_off, mask,
 
 
 @triton.jit
+def load_nvfp4_halves(data_ptr, scale_ptr, row_off, sc_row_off, mask, TILE: tl.constexpr, D: tl.constexpr):
+    """The even and the odd elements, each [TILE, D/2] fp32, of an NVFP4 tile, not yet times the
+    global scale: byte j of a row holds elements 2j (low nibble) and 2j+1 (high), both in scale
+    group j // 8. No join / reshape: one vectorized byte load, the scale of each byte read by
+    address (8 bytes share one, served from L1), and both halves stay in the load's layout, so a
+    caller splits its dot products into even and odd columns instead of widening the tile."""
+    half = tl.arange(0, D // 2)
+    m2 = mask[:, None]
+    byte = tl.load(data_ptr + row_off[:, None] + half[None, :], mask=m2, other=0).to(tl.int32)
+    sc = tl.load(scale_ptr + sc_row_off[:, None] + (half // 8)[None, :], mask=m2, other=0)
+    step = sc.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    return e2m1_to_f32(byte & 15) * step, e2m1_to_f32(byte >> 4) * step
+
+
+@triton.jit
 def mma(a, b, F32: tl.constexpr):
     """tl.dot with fp32 accumulation; F32 runs it on fp32 operands in IEEE precision (fp32
     inputs, and the CPU interpreter, whose bf16 dot is wrong), else on a's dtype (bf16)."""
