@@ -95,7 +95,8 @@ def record_all(q_lens):
             write_pages(cache, q[:, :1], torch.arange(4 * q_len), backend=T)
         write_pages(x[:, 0].to(torch.bfloat16), q[:, 0], torch.arange(4 * q_len), backend=T)
         iq = torch.randn(4 * q_len, 1, 128).to(torch.bfloat16)
-        for ik in (x[:, 0].to(torch.bfloat16), kq.quantize_fp8(x[:, 0])):
+        nvfp4_ik = kq.Nvfp4Pages(*kq.quantize_nvfp4(x[:, 0], 1.0), torch.ones(1))
+        for ik in (x[:, 0].to(torch.bfloat16), kq.quantize_fp8(x[:, 0]), nvfp4_ik):
             msa_select_blocks(iq, ik, bt, lens, qsl, 16, max_query_len=q_len, backend=T)
     for n_tok in (1, 64):
         xs = torch.randn(n_tok, 6144).to(torch.bfloat16)
