@@ -1,7 +1,8 @@
 """Kernels per layer of the rank's decode step, by the torch profiler: one dense layer, one MSA + MoE
-layer (each routing) and the head (embedding, final norm, logits), each called eagerly `reps` times
-on decode inputs of B tokens at context ctx. On CUDA: every device kernel's launches and time per
-call; on CPU (the smoke run): the top-level torch ops' counts only (times are not meaningful)."""
+layer (each routing) and the head (embedding, logits), each called eagerly `reps` times on decode
+inputs of B tokens at context ctx; a layer is its forward plus its residual add fused with the next
+norm, as the model runs it. On CUDA: every device kernel's launches and time per call; on CPU (the
+smoke run): the top-level torch ops' counts only (times are not meaningful)."""
 
 from __future__ import annotations
 
@@ -70,17 +71,27 @@ def profile_rank(model, kv, s, batches, ctx: int, dev: torch.device, reps: int) 
         meta = decode_meta(s, B, ctx, dev)
         ids = torch.randint(0, s.vocab * s.world, (B,), generator=torch.Generator().manual_seed(B)).to(dev)
         h = model.embed(ids).contiguous()
+        x = model.layers[0].input_norm(h)
         cos, sin = model.rope.cos_sin(meta.positions)
-        layer_call = lambda i: lambda: model.layers[i](h, cos, sin, meta, kv, model.backend)  # noqa: E731
+        layer_call = lambda i: lambda: _layer_step(model, i, h, x, cos, sin, meta, kv)  # noqa: E731
         out.append(PartProfile("dense layer", B, ctx, profile_calls(layer_call(0), dev, reps)))
         for routing in Routing:
             set_routing(model, routing)
             kernels = profile_calls(layer_call(moe_layer), dev, reps)
             out.append(PartProfile(f"MSA+MoE layer ({routing.value})", B, ctx, kernels))
         set_routing(model, Routing.REALISTIC)
-        head = lambda: model.compute_logits(model.norm(model.embed(ids)))  # noqa: E731
+        head = lambda: model.compute_logits(model.embed(ids))  # noqa: E731  (the final norm: in the last layer's step)
         out.append(PartProfile("head", B, ctx, profile_calls(head, dev, reps)))
     return out
+
+
+def _layer_step(model, i: int, h, x, cos, sin, meta, kv):
+    """What M3ForCausalLM.forward runs per layer: the layer, then its residual add fused with the
+    next norm (the final norm's kernel stands in for the next layer's input norm)."""
+    from m3bench.runtime.attention import kernel_backend_of
+
+    h, delta = model.layers[i].forward_parts(h, x, cos, sin, meta, kv, model.backend)
+    return model.norm.add_forward(h, delta, kernel_backend_of(model.backend))
 
 
 def profile_lines(parts: list[PartProfile], timed: bool) -> list[str]:
