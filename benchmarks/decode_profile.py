@@ -69,7 +69,7 @@ def profile_rank(model, kv, s, batches, ctx: int, dev: torch.device, reps: int) 
     moe_layer = s.dense_layers
     for B in batches:
         meta = decode_meta(s, B, ctx, dev)
-        ids = torch.randint(0, s.vocab * s.world, (B,), generator=torch.Generator().manual_seed(B)).to(dev)
+        ids = torch.randint(0, s.vocab, (B,), generator=torch.Generator().manual_seed(B)).to(dev)
         h = model.embed(ids).contiguous()
         x = model.layers[0].input_norm(h)
         cos, sin = model.rope.cos_sin(meta.positions)

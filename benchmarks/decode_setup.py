@@ -14,7 +14,8 @@ from m3bench.runtime.parallel import TPGroup
 
 class SoloRank(TPGroup):
     """One rank of a TP/EP world run alone on one GPU: its share of every layer, collectives
-    skipped (all-reduce: the local partial; all-gather: the local vocab slice of the logits)."""
+    skipped (all-reduce: the local partial; all-gather: the local vocab slice of the logits).
+    Feed it token ids of its own vocabulary slice: others embed to zeros without the all-reduce."""
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         return x

@@ -21,7 +21,8 @@ Two routings per configuration, side by side: `realistic` (the dummy router as d
 runs). Each row's floor counts the distinct local experts that routing actually read.
 
 One decode step = the model forward of B tokens (one per sequence, each at position ctx) plus the
-logits of the rank's vocab slice; timed as CUDA-graph replays with CUDA events, median after
+logits of the rank's vocab slice; the token ids come from the rank's own vocabulary slice (a token
+outside it would embed to zeros here: its rows arrive through the embedding all-reduce skipped); timed as CUDA-graph replays with CUDA events, median after
 warm-up; no all-reduces (one GPU; TP8 adds two per layer, ~10 us each at batch 1: an estimate).
 vLLM's anchor is printed beside it: 8.4 ms per token for 60 layers on 8 x H200 (TP8, concurrency 4,
 all-reduces included), ~140 us per layer. Baselines: a Qwen2.5-0.5B-shaped dense model through
@@ -132,7 +133,7 @@ def our_m3_steps(plan: Plan, dev: torch.device) -> list[dict]:
 def _one_config(plan: Plan, model, kv, B: int, ctx: int, routing: Routing, dev: torch.device) -> dict:
     s = plan.shapes
     meta = decode_meta(s, B, ctx, dev)
-    ids = torch.randint(0, s.vocab * s.world, (B,), generator=torch.Generator().manual_seed(B + ctx)).to(dev)
+    ids = torch.randint(0, s.vocab, (B,), generator=torch.Generator().manual_seed(B + ctx)).to(dev)
     out = torch.empty(B, s.vocab, dtype=torch.float32, device=dev)
 
     def step():

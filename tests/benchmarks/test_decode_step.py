@@ -155,7 +155,7 @@ def test_routing_modes_and_their_stats(fl, rt):
     from m3bench.runtime.kv_cache import KVCache, KVDtype
 
     kv = KVCache(cfg, 16 * 2 + 1, s.page, KVDtype.AUTO, torch.float32, "cpu", m.tp)
-    ids = torch.randint(0, s.vocab * 8, (16,), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, s.vocab, (16,), generator=torch.Generator().manual_seed(0))
     step = lambda: m(ids, meta.positions, meta, kv)  # noqa: E731
     drawn = m.layers[1].mlp.router_bias.clone()
     routing.set_routing(m, routing.Routing.ALL_LOCAL)
@@ -164,8 +164,8 @@ def test_routing_modes_and_their_stats(fl, rt):
     routing.set_routing(m, routing.Routing.REALISTIC)
     assert torch.equal(m.layers[1].mlp.router_bias, drawn)
     real = routing.routing_stats(m, step)
-    assert 0 < real.local_picks_per_token < 2.0  # ~4 x 4/32 = 0.5 expected
-    assert all(0 <= e <= s.experts for e in real.experts_read)
+    assert 0.1 < real.local_picks_per_token < 1.5  # ~4 x 4/32 = 0.5 expected
+    assert all(2 <= e <= s.experts for e in real.experts_read)  # tokens route apart (real embeddings)
     picks, distinct = routing.local_picks(torch.tensor([[0, 5, 3, 40], [3, 3, 9, 1]]), 0, 4)
     assert (picks, distinct) == (2.5, 3)
 
