@@ -294,7 +294,8 @@ def table(res: dict) -> str:
         lines.append(f"picks = local expert picks per token (of {sh['top_k']}), exp/L = distinct local experts read "
                      f"per MoE layer; vLLM anchor (8 x H200, TP8, conc. 4, all-reduces included): "
                      f"{VLLM_ANCHOR_MS} ms / {VLLM_ANCHOR_LAYERS} layers = "
-                     f"{VLLM_ANCHOR_MS / VLLM_ANCHOR_LAYERS * 1e3:.0f} us per layer")
+                     f"{VLLM_ANCHOR_MS / VLLM_ANCHOR_LAYERS * 1e3:.0f} us per layer; a TP8 rank adds 2 all-reduces "
+                     f"per layer to us/layer (~10 us each at batch 1: an estimate, not measured here)")
     ours, hf = res.get("qwen_ours") or {}, res.get("qwen_hf") or {}
     nan = float("nan")
     for b in res["plan"]["qwen_batches"] if (ours or hf) else ():
