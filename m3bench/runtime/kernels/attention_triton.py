@@ -7,17 +7,12 @@ of TILE tokens, each looking up its page in the block table. Dense mode walks th
 keys 0..max position; sparse mode (BLOCK_Q = 1) walks the TOPK selected blocks of its token.
 With SPLIT (n_seg > 1) each program writes a normalized partial output and its log2-sum-exp, and
 `_reduce_kernel` merges the segments. Lengths are read on the device only.
-
-NVFP4 (FMT 2) runs split in even / odd head-dim columns: q is loaded as its even and odd columns,
-each K / V tile decodes into its even and odd elements (load_nvfp4_halves: no widening in
-registers), S = q_even K_even^T + q_odd K_odd^T and the output accumulates as two halves stored
-to the even and odd columns; the global scales multiply S and the final output once.
 """
 
 import triton
 import triton.language as tl
 
-from m3bench.runtime.kernels.kv_tiles_triton import load_kv_tile, load_nvfp4_halves, mma
+from m3bench.runtime.kernels.kv_tiles_triton import load_kv_tile, mma
 
 NEG_BIG = tl.constexpr(-1.0e30)
 
@@ -63,16 +58,7 @@ def _paged_attn_kernel(
     pos = seq_len - q_len + t
     head = h * G + rows % G
     cols = tl.arange(0, D)
-    hcols = tl.arange(0, D // 2)
-    q_rows = q_ptr + tok[:, None] * s_qt + head[:, None] * s_qh
-    if FMT == 2:
-        q_even = tl.load(q_rows + 2 * hcols[None, :], mask=row_ok[:, None], other=0.0)
-        q_odd = tl.load(q_rows + 2 * hcols[None, :] + 1, mask=row_ok[:, None], other=0.0)
-        acc_even = tl.zeros([BLOCK_M, D // 2], tl.float32)
-        acc_odd = tl.zeros([BLOCK_M, D // 2], tl.float32)
-    else:
-        q = tl.load(q_rows + cols[None, :], mask=row_ok[:, None], other=0.0)
-        acc = tl.zeros([BLOCK_M, D], tl.float32)
+    q = tl.load(q_ptr + tok[:, None] * s_qt + head[:, None] * s_qh + cols[None, :], mask=row_ok[:, None], other=0.0)
 
     SUB: tl.constexpr = PAGE // TILE
     if SPARSE:
@@ -91,6 +77,7 @@ def _paged_attn_kernel(
 
     m_i = tl.full([BLOCK_M], NEG_BIG, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
     toks = tl.arange(0, TILE)
     for it in range(it_lo, it_hi):
         start, limit = _tile_start(it, sel_row, seq_len, SPARSE, SUB, PAGE, TILE)
@@ -98,53 +85,28 @@ def _paged_attn_kernel(
         kmask = kpos < limit
         page = tl.load(bt_ptr + b * s_bt + start // PAGE).to(tl.int64)
         off = (start % PAGE + toks).to(tl.int64)
-        k_row, ks_row = page * s_kp + h * s_kh + off * s_kt, page * s_ksp + h * s_ksh + off * s_kst
-        v_row, vs_row = page * s_vp + h * s_vh + off * s_vt, page * s_vsp + h * s_vsh + off * s_vst
-        if FMT == 2:
-            k_even, k_odd = load_nvfp4_halves(k_ptr, ks_ptr, k_row, ks_row, kmask, TILE, D)
-            s = mma(q_even, tl.trans(k_even), F32) + mma(q_odd, tl.trans(k_odd), F32)
-            s = s * (kgs * sm_scale_log2)
-        else:
-            k = load_kv_tile(k_ptr, ks_ptr, kgs, k_row, ks_row, kmask, FMT, TILE, D)
-            s = mma(q, tl.trans(k), F32) * sm_scale_log2
+        k = load_kv_tile(k_ptr, ks_ptr, kgs, page * s_kp + h * s_kh + off * s_kt,
+                         page * s_ksp + h * s_ksh + off * s_kst, kmask, FMT, TILE, D)
+        v = load_kv_tile(v_ptr, vs_ptr, vgs, page * s_vp + h * s_vh + off * s_vt,
+                         page * s_vsp + h * s_vsh + off * s_vst, kmask, FMT, TILE, D)
+        s = mma(q, tl.trans(k), F32) * sm_scale_log2
         ok = row_ok[:, None] & kmask[None, :] & (kpos[None, :] <= pos[:, None])
         m_new = tl.maximum(m_i, tl.max(tl.where(ok, s, NEG_BIG), axis=1))
         p = tl.where(ok, tl.exp2(tl.where(ok, s, NEG_BIG) - m_new[:, None]), 0.0)
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        if FMT == 2:
-            v_even, v_odd = load_nvfp4_halves(v_ptr, vs_ptr, v_row, vs_row, kmask, TILE, D)
-            acc_even = acc_even * alpha[:, None] + mma(p.to(q_even.dtype), v_even, F32)
-            acc_odd = acc_odd * alpha[:, None] + mma(p.to(q_even.dtype), v_odd, F32)
-        else:
-            v = load_kv_tile(v_ptr, vs_ptr, vgs, v_row, vs_row, kmask, FMT, TILE, D)
-            acc = acc * alpha[:, None] + mma(p.to(q.dtype), v, F32)
+        acc = acc * alpha[:, None] + mma(p.to(q.dtype), v, F32)
         m_i = m_new
 
-    inv_l = 1.0 / tl.where(l_i > 0, l_i, 1.0)
-    prow = (tok * HQ + head) * n_seg + seg
-    if FMT == 2:
-        inv_l = inv_l * vgs
-        _store_out(acc_even * inv_l[:, None], o_ptr, part_o_ptr, tok, head, prow, 2 * hcols, row_ok, s_ot, s_oh,
-                   D, SPLIT)
-        _store_out(acc_odd * inv_l[:, None], o_ptr, part_o_ptr, tok, head, prow, 2 * hcols + 1, row_ok, s_ot,
-                   s_oh, D, SPLIT)
-    else:
-        _store_out(acc * inv_l[:, None], o_ptr, part_o_ptr, tok, head, prow, cols, row_ok, s_ot, s_oh, D, SPLIT)
-    if SPLIT:
-        lse = tl.where(l_i > 0, m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
-        tl.store(part_lse_ptr + prow, lse, mask=row_ok)
-
-
-@triton.jit
-def _store_out(o, o_ptr, part_o_ptr, tok, head, prow, cols, row_ok, s_ot, s_oh, D: tl.constexpr,
-               SPLIT: tl.constexpr):
-    """Output columns `cols` of the program's rows: the final output, or a segment's partial (fp32)."""
-    if SPLIT:
-        tl.store(part_o_ptr + prow[:, None] * D + cols[None, :], o, mask=row_ok[:, None])
-    else:
+    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    if not SPLIT:
         o_ptrs = o_ptr + tok[:, None] * s_ot + head[:, None] * s_oh + cols[None, :]
         tl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        prow = (tok * HQ + head) * n_seg + seg
+        tl.store(part_o_ptr + prow[:, None] * D + cols[None, :], o, mask=row_ok[:, None])
+        lse = tl.where(l_i > 0, m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
+        tl.store(part_lse_ptr + prow, lse, mask=row_ok)
 
 
 @triton.jit(do_not_specialize=["n_req"])

@@ -6,13 +6,12 @@ programs (split over the context). Each block's score is the max over its keys j
 iq . ik[j] (fp32 accumulation); the local block gets +inf, init blocks INIT_SCORE.
 _topk_kernel, grid (B * max_q, HI): merges the segments' scores of one (token, head) row into
 the TOPK best blocks, sorted (score desc, block id asc), -1 padded.
-NVFP4 index keys decode as even / odd halves (load_nvfp4_halves) against iq's even / odd columns.
 """
 
 import triton
 import triton.language as tl
 
-from m3bench.runtime.kernels.kv_tiles_triton import load_kv_tile, load_nvfp4_halves, mma
+from m3bench.runtime.kernels.kv_tiles_triton import load_kv_tile, mma
 
 INIT_SCORE = tl.constexpr(3.0e38)
 NO_BLOCK = tl.constexpr(2147483647)
@@ -41,15 +40,10 @@ def _block_scores_kernel(
     head = rows % HI
     pos = seq_len - q_len + t
     cols = tl.arange(0, D)
-    hcols = tl.arange(0, D // 2)
-    iq_rows = iq_ptr + tok[:, None] * s_qt + head[:, None] * s_qh
+    iq = tl.load(iq_ptr + tok[:, None] * s_qt + head[:, None] * s_qh + cols[None, :], mask=row_ok[:, None], other=0.0)
     gs = 1.0
     if FMT == 2:
         gs = tl.load(ikgs_ptr)
-        iq_even = tl.load(iq_rows + 2 * hcols[None, :], mask=row_ok[:, None], other=0.0)
-        iq_odd = tl.load(iq_rows + 2 * hcols[None, :] + 1, mask=row_ok[:, None], other=0.0)
-    else:
-        iq = tl.load(iq_rows + cols[None, :], mask=row_ok[:, None], other=0.0)
 
     n_blocks = tl.cdiv(seq_len - q_len + tl.minimum(q_len, (qb + 1) * BLOCK_Q), PAGE)
     per_seg = tl.cdiv(n_blocks, n_seg)
@@ -64,13 +58,9 @@ def _block_scores_kernel(
         for sub in range(PAGE // TILE):
             off = sub * TILE + toks
             kpos = blk * PAGE + off
-            k_row, ks_row = page * s_kp + off.to(tl.int64) * s_kt, page * s_ksp + off.to(tl.int64) * s_kst
-            if FMT == 2:
-                ik_even, ik_odd = load_nvfp4_halves(ik_ptr, iks_ptr, k_row, ks_row, kpos < seq_len, TILE, D)
-                s = (mma(iq_even, tl.trans(ik_even), F32) + mma(iq_odd, tl.trans(ik_odd), F32)) * gs
-            else:
-                ik = load_kv_tile(ik_ptr, iks_ptr, gs, k_row, ks_row, kpos < seq_len, FMT, TILE, D)
-                s = mma(iq, tl.trans(ik), F32)
+            ik = load_kv_tile(ik_ptr, iks_ptr, gs, page * s_kp + off.to(tl.int64) * s_kt,
+                              page * s_ksp + off.to(tl.int64) * s_kst, kpos < seq_len, FMT, TILE, D)
+            s = mma(iq, tl.trans(ik), F32)
             ok = kpos[None, :] <= pos[:, None]
             best = tl.maximum(best, tl.max(tl.where(ok, s, float("-inf")), axis=1))
         forced = tl.where((blk < INIT_BLOCKS) & (blk <= local), INIT_SCORE, best)

@@ -96,8 +96,8 @@ def test_prefill_chunk_spans_several_query_blocks():
 
 
 @pytest.mark.parametrize("segments", [1, 3])
-def test_nvfp4_even_odd_split_decode(segments):
-    """NVFP4 K/V decoded as even / odd halves: dense chunks (G = 4) and MSA-selected blocks, both
+def test_nvfp4_decode_dense_and_sparse(segments):
+    """NVFP4 K/V decoded in-kernel (nibbles through the fp8 conversion): dense chunks (G = 4) and MSA blocks, both
     against the reference on the dequantized cache; fresh random data; nothing written to padding."""
     case = make_case(8 + segments, q_lens=[1, 6], seq_lens=[77, 41], hq=8, hkv=2, d=64, fmt=kq.KVFormat.NVFP4)
     got, want = _run(case, num_segments=segments, max_query_len=6)

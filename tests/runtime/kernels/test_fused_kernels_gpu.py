@@ -1,5 +1,5 @@
 """On the H200, at one TP8 rank's real shapes: the fused router epilogue, residual add + norm, norm +
-RoPE + KV write (every KV format) and the NVFP4 even / odd attention decode against their torch
+RoPE + KV write (every KV format) and the NVFP4 attention / index decode against their torch
 references (inputs drawn on the CPU, fresh random, never zeros; outputs poisoned first)."""
 
 import pytest
@@ -105,7 +105,7 @@ def test_nvfp4_attention_at_rank_shapes(sparse):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_nvfp4_index_selection_at_rank_shapes(dtype):
-    """The indexer over NVFP4 index keys (even / odd halves), 4k context, top-16 of 32 blocks."""
+    """The indexer over NVFP4 index keys (decoded through the fp8 conversion), 4k context, top-16 of 32."""
     from m3bench.runtime.kernels.msa_index import msa_select_blocks
     from m3bench.runtime.kernels.reference import msa_select_blocks_ref
 
