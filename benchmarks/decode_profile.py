@@ -23,6 +23,7 @@ class KernelRow:
 @dataclass(frozen=True)
 class PartProfile:
     part: str  # "dense layer", "MSA+MoE layer (realistic)", "head"
+    variant: str  # "fused" (this fast path) or "unfused" (the fast path before the fused ops)
     batch: int
     context: int
     kernels: tuple[KernelRow, ...]
@@ -63,7 +64,8 @@ def profile_calls(fn, dev: torch.device, reps: int) -> tuple[KernelRow, ...]:
     return aggregate(prof.events(), dev.type == "cuda", reps)
 
 
-def profile_rank(model, kv, s, batches, ctx: int, dev: torch.device, reps: int) -> list[PartProfile]:
+def profile_rank(model, kv, s, batches, ctx: int, dev: torch.device, reps: int, variant: str = "fused"
+                 ) -> list[PartProfile]:
     """Every part at each batch size (model: the rank of decode_step.build_rank, >= 1 MoE layer)."""
     out = []
     moe_layer = s.dense_layers
@@ -74,14 +76,14 @@ def profile_rank(model, kv, s, batches, ctx: int, dev: torch.device, reps: int) 
         x = model.layers[0].input_norm(h)
         cos, sin = model.rope.cos_sin(meta.positions)
         layer_call = lambda i: lambda: _layer_step(model, i, h, x, cos, sin, meta, kv)  # noqa: E731
-        out.append(PartProfile("dense layer", B, ctx, profile_calls(layer_call(0), dev, reps)))
+        out.append(PartProfile("dense layer", variant, B, ctx, profile_calls(layer_call(0), dev, reps)))
         for routing in Routing:
             set_routing(model, routing)
             kernels = profile_calls(layer_call(moe_layer), dev, reps)
-            out.append(PartProfile(f"MSA+MoE layer ({routing.value})", B, ctx, kernels))
+            out.append(PartProfile(f"MSA+MoE layer ({routing.value})", variant, B, ctx, kernels))
         set_routing(model, Routing.REALISTIC)
         head = lambda: model.compute_logits(model.embed(ids))  # noqa: E731  (the final norm: in the last layer's step)
-        out.append(PartProfile("head", B, ctx, profile_calls(head, dev, reps)))
+        out.append(PartProfile("head", variant, B, ctx, profile_calls(head, dev, reps)))
     return out
 
 
@@ -99,7 +101,7 @@ def profile_lines(parts: list[PartProfile], timed: bool) -> list[str]:
     for p in parts:
         t = f", {p.us:.1f} us" if timed else " (counts only: CPU)"
         what = 'kernel launches' if timed else 'torch ops'
-        lines.append(f"profile B={p.batch} ctx={p.context} {p.part}: {p.launches:.0f} {what}{t} per call")
+        lines.append(f"profile B={p.batch} ctx={p.context} {p.part} [{p.variant}]: {p.launches:.0f} {what}{t} per call")
         lines.append("  launches   us/call  kernel" if timed else "  calls  op")
         for k in p.kernels:
             lines.append(f"  {k.count:8.1f} {k.us:9.1f}  {k.name[:110]}" if timed else f"  {k.count:5.1f}  {k.name[:110]}")

@@ -159,6 +159,18 @@ def decode_meta(s: M3Shapes, B: int, ctx: int, dev: torch.device):
                         slot_mapping=slots, positions=pos, query_lens_host=[1] * B, seq_lens_host=[ctx + 1] * B)
 
 
+def set_fused_ops(model, on: bool) -> None:
+    """The fused norm + RoPE + KV write, add + norm and router epilogue on the Triton backend (on), or
+    the fast path as it was before them (off: Triton attention + fused MoE, those ops in torch)."""
+    from m3bench.runtime.layers.moe import SparseMoe
+
+    if hasattr(model.backend, "fuse_ops"):
+        model.backend.fuse_ops = on
+    for layer in model.layers:
+        if isinstance(layer.mlp, SparseMoe):
+            layer.mlp.fuse_router = on
+
+
 def set_fast_path(model, on: bool) -> None:
     """Triton attention + fused MoE (on) or the torch backend + torch MoE (off, the reference)."""
     from m3bench.runtime.attention.torch_backend import TorchBackend

@@ -38,7 +38,7 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the m3bench package
@@ -70,6 +70,7 @@ from decode_setup import (
     qwen_config,
     rank_model,
     replay_ms,
+    set_fused_ops,
     sync,
 )
 
@@ -90,6 +91,7 @@ class Plan:
     hf_m3_steps: int
     baseline_shapes: M3Shapes = M3Shapes()  # transformers' M3: world-1 per-GPU shapes
     routings: tuple[Routing, ...] = (Routing.REALISTIC, Routing.ALL_LOCAL)
+    unfused: bool = False  # --unfused: the fast path before the fused norm/RoPE/KV-write, add+norm, router
 
 
 def build_rank(plan: Plan, dev: torch.device):
@@ -111,6 +113,7 @@ def build_rank(plan: Plan, dev: torch.device):
 
 def our_m3_steps(plan: Plan, dev: torch.device) -> list[dict]:
     model, kv = build_rank(plan, dev)
+    set_fused_ops(model, not plan.unfused)
     rows = []
     for ctx in plan.contexts:
         for B in plan.batches:
@@ -258,6 +261,10 @@ def _hf_m3_case(model, s: M3Shapes, B: int, ctx: int, steps: int, dev: torch.dev
 # ---- plan, table, main ----------------------------------------------------------------------------
 
 def make_plan(args, on_gpu: bool) -> Plan:
+    return replace(_base_plan(args), unfused=args.unfused)
+
+
+def _base_plan(args) -> Plan:
     if args.cpu_smoke:
         return Plan(TINY_RANK, args.layers or 2, tuple(args.batches or (1, 2)), tuple(args.contexts or (20, 40)),
                     1, 2, 3, (1, 2), ((1, 40),), 2, TINY)
@@ -277,8 +284,9 @@ def table(res: dict) -> str:
             f"({sh['dense_layers']} dense, rest MSA + MoE), {sh['heads']} query heads, {sh['kv_heads']} KV head, "
             f"{sh['index_heads']} index heads (replicated), router over {sh['experts'] * sh['world']} experts of "
             f"which {sh['experts']} local, top-{sh['top_k']}, vocab {sh['vocab']}; bf16 weights, FP8 KV, page "
-            f"{sh['page']}, top-{sh['topk_blocks']} blocks; CUDA graphs; no all-reduces; floor = bytes / 4.3 TB/s "
-            f"for the routing that ran")
+            f"{sh['page']}, top-{sh['topk_blocks']} blocks; CUDA graphs; no all-reduces; "
+            f"{'UNFUSED ops (the fast path before them)' if res['plan'].get('unfused') else 'fused ops'}; "
+            f"floor = bytes / 4.3 TB/s for the routing that ran")
     cols = (f"{'batch':>5} {'ctx':>6} {'routing':>9} {'picks':>5} {'exp/L':>5} {'step ms':>9} {'floor ms':>9} "
             f"{'of floor':>8} {'us/layer':>8} {'tok/s':>8} {'W GB':>6} {'KV GB':>6} {'idx GB':>6}")
     lines = [head, cols]
@@ -347,6 +355,8 @@ def parse_args(argv: list[str] | None):
     ap.add_argument("--batches", type=int, nargs="+", default=None, help="batch sizes (default 1 4 16 64)")
     ap.add_argument("--contexts", type=int, nargs="+", default=None, help="contexts (default 1024 8192)")
     ap.add_argument("--profile", action="store_true", help="kernels per layer (torch profiler), then exit")
+    ap.add_argument("--unfused", action="store_true",
+                    help="time the fast path without the fused norm/RoPE/KV-write, add+norm and router (before)")
     ap.add_argument("--quick", action="store_true", help="~1 minute smoke run on the GPU")
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on CPU (Triton interpreted, no graphs)")
     ap.add_argument("--check-only", action="store_true", help="only the fast-path correctness checks")
@@ -362,7 +372,11 @@ def run_profile(plan: Plan, dev: torch.device, args, res: dict) -> None:
     model, kv = build_rank(plan, dev)
     batches = tuple(args.batches or ((1, 2) if args.cpu_smoke else (1, 64)))
     ctx = (args.contexts or [40 if args.cpu_smoke else 8192])[0]
-    parts = profile_rank(model, kv, plan.shapes, batches, ctx, dev, reps=2 if args.cpu_smoke else 10)
+    parts = []
+    for fused in (True, False) if hasattr(model.backend, "fuse_ops") else (True,):  # after, before
+        set_fused_ops(model, fused)
+        parts += profile_rank(model, kv, plan.shapes, batches, ctx, dev, 2 if args.cpu_smoke else 10,
+                              "fused" if fused else "unfused")
     res["profile"] = [asdict(p) for p in parts]
     print("\n".join(profile_lines(parts, timed=dev.type == "cuda")), flush=True)
 

@@ -174,6 +174,7 @@ def test_cpu_smoke_profile_counts_ops_per_layer(ds, tmp_path, monkeypatch, capsy
     monkeypatch.setenv("OUT", str(tmp_path))
     assert ds.main(["--cpu-smoke", "--profile"]) == 0
     res = json.loads((tmp_path / "decode_profile.json").read_text())
+    assert {p["variant"] for p in res["profile"]} == {"fused"}  # the torch backend on CPU: one variant
     parts = {(p["part"], p["batch"]) for p in res["profile"]}
     names = ("dense layer", "MSA+MoE layer (realistic)", "MSA+MoE layer (all-local)", "head")
     assert parts == {(n, b) for n in names for b in (1, 2)}

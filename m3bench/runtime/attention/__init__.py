@@ -32,9 +32,12 @@ class AttentionBackend(Protocol):
 
 def kernel_backend_of(backend) -> "KernelBackend":
     """Which implementation the layers' fused ops (norm + RoPE + KV write, residual add + norm) follow:
-    the backend's `kernel_backend` (the Triton backend: Triton), else the torch reference."""
+    the backend's `kernel_backend` (the Triton backend: Triton) unless its `fuse_ops` is off, else the
+    torch reference."""
     from m3bench.runtime.kernels.backend import KernelBackend
 
+    if not getattr(backend, "fuse_ops", True):
+        return KernelBackend.TORCH
     return getattr(backend, "kernel_backend", KernelBackend.TORCH)
 
 

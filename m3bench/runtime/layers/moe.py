@@ -60,6 +60,7 @@ class SparseMoe(nn.Module):
         super().__init__()
         self.m, self.act, self.alpha, self.limit, self.tp = m, act, alpha, limit, tp
         self.kernel_backend = KernelBackend.AUTO  # AUTO: fused Triton MoE on CUDA, torch elsewhere
+        self.fuse_router = True  # the router epilogue follows kernel_backend (off: always torch)
         inter = m.intermediate_size  # routed experts are whole on their rank (expert parallelism)
         self.first_expert, local = tp.expert_range(m.num_experts)
         rdt = compute_dtype(dtype)
@@ -73,7 +74,7 @@ class SparseMoe(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w, ids = route(x, self.router_weight, self.router_bias, self.m.top_k, self.m.routed_scaling_factor,
-                       self.kernel_backend)
+                       self.kernel_backend if self.fuse_router else KernelBackend.TORCH)
         y = self.experts(x, w, ids - self.first_expert if self.first_expert else ids)  # local expert ids
         if self.shared is not None:
             y = y + self.shared(x).to(y.dtype)
