@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from m3bench.runtime.attention import kernel_backend_of
 from m3bench.runtime.attention.metadata import AttnMetadata
 from m3bench.runtime.attention.torch_backend import TorchBackend
 from m3bench.runtime.config import MlpKind, ModelConfig
@@ -55,8 +56,16 @@ class DecoderLayer(nn.Module):
         self.mlp_prefix = "moe." if cfg.mlp_kinds[layer] is MlpKind.MOE else "mlp."
 
     def forward(self, h: torch.Tensor, cos, sin, meta: AttnMetadata, kv: KVCache, backend) -> torch.Tensor:
-        h = h + self.attn(self.input_norm(h), cos, sin, meta, kv, backend)
-        return h + self.mlp(self.post_attn_norm(h))
+        h, delta = self.forward_parts(h, self.input_norm(h), cos, sin, meta, kv, backend)
+        return h + delta
+
+    def forward_parts(self, h: torch.Tensor, x: torch.Tensor, cos, sin, meta: AttnMetadata, kv: KVCache,
+                      backend) -> tuple[torch.Tensor, torch.Tensor]:
+        """h: the residual stream at the layer's input, x: input_norm(h) -> (the stream after attention,
+        the MLP's output); the caller adds the two (fused with the next norm on the Triton backend)."""
+        a = self.attn(x, cos, sin, meta, kv, backend)
+        h, y = self.post_attn_norm.add_forward(h, a, kernel_backend_of(backend))  # residual add + norm fused
+        return h, self.mlp(y)
 
     def slots(self, prefix: str) -> list[WeightSlot]:
         return [WeightSlot(f"{prefix}input_norm.weight", self.input_norm.weight, None),
@@ -86,11 +95,17 @@ class M3ForCausalLM(nn.Module):
         """input_ids, positions [T] -> final-normed hidden [T, H]; K/V of the tokens land in kv."""
         h = self.embed(input_ids)
         cos, sin = self.rope.cos_sin(positions)
+        if not len(self.layers):
+            return self.norm(h)
+        fused = kernel_backend_of(self.backend)
+        x = self.layers[0].input_norm(h)
         for i, layer in enumerate(self.layers):
             if capture is not None and i in capture.layers:
                 capture.buffer[:h.shape[0], capture.layers.index(i)].copy_(h)
-            h = layer(h, cos, sin, meta, kv, self.backend)
-        return self.norm(h)
+            h, delta = layer.forward_parts(h, x, cos, sin, meta, kv, self.backend)
+            nxt = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.norm
+            h, x = nxt.add_forward(h, delta, fused)  # the MLP's residual add fused with the next norm
+        return x
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """[T] -> [T, H]; under TP each rank looks up the ids of its vocab rows, zeros elsewhere, then sums."""

@@ -30,6 +30,7 @@ from m3bench.runtime import quant
 from m3bench.runtime.config import Activation, MoeConfig
 from m3bench.runtime.kernels.backend import KernelBackend, use_triton
 from m3bench.runtime.kernels.moe import MoeActivation, MoeScales, fused_moe
+from m3bench.runtime.kernels.router import router_topk, router_topk_supported
 from m3bench.runtime.layers.activation import split_gate_up
 from m3bench.runtime.layers.linear import WeightSlot
 from m3bench.runtime.layers.mlp import GatedMLP
@@ -39,9 +40,13 @@ from m3bench.runtime.parallel import SINGLE, TPGroup
 
 
 def route(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, top_k: int,
-          scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [T, H] -> (weights [T, k] in the router's dtype, expert ids [T, k] int64)."""
-    s = torch.sigmoid(F.linear(x.to(weight.dtype), weight))
+          scale: float, backend: KernelBackend = KernelBackend.TORCH) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, H] -> (weights [T, k] in the router's dtype, expert ids [T, k] int64); the epilogue after
+    the GEMM runs as one Triton kernel (kernels.router) when the backend picks Triton."""
+    logits = F.linear(x.to(weight.dtype), weight)
+    if use_triton(backend, logits) and router_topk_supported(logits, top_k):
+        return router_topk(logits, bias, top_k, scale)
+    s = torch.sigmoid(logits)
     choice = s if bias is None else s + bias
     ids = choice.topk(top_k, dim=-1).indices
     w = s.gather(1, ids)
@@ -72,6 +77,7 @@ class SparseMoe(nn.Module):
         super().__init__()
         self.m, self.act, self.alpha, self.limit, self.tp = m, act, alpha, limit, tp
         self.kernel_backend = KernelBackend.AUTO  # AUTO: fused Triton MoE on CUDA, torch elsewhere
+        self.fuse_router = True  # the router epilogue follows kernel_backend (off: always torch)
         inter = m.intermediate_size  # routed experts are whole on their rank (expert parallelism)
         self.first_expert, local = tp.expert_range(m.num_experts)
         rdt = compute_dtype(dtype)
@@ -85,7 +91,8 @@ class SparseMoe(nn.Module):
                                 reduce=False) if m.shared_intermediate_size else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w, ids = route(x, self.router_weight, self.router_bias, self.m.top_k, self.m.routed_scaling_factor)
+        w, ids = route(x, self.router_weight, self.router_bias, self.m.top_k, self.m.routed_scaling_factor,
+                       self.kernel_backend if self.fuse_router else KernelBackend.TORCH)
         y = self.experts(x, w, ids - self.first_expert if self.first_expert else ids)  # local expert ids
         if self.shared is not None:
             y = y + self.shared(x).to(y.dtype)
