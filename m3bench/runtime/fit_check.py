@@ -64,6 +64,8 @@ def device_memory_gib(device: str, ranks: int) -> float:
 def _draft_shape(draft_dir: Path | None) -> DraftShape | None:
     if draft_dir is None:
         return None
+    if not Path(draft_dir).is_dir():
+        raise InputError(f"draft directory {draft_dir} does not exist")
     from m3bench.runtime.speculative.config import EagleConfig
 
     d = EagleConfig.from_pretrained(draft_dir)
