@@ -21,7 +21,7 @@ def add_norm_supported(residual: torch.Tensor, x: torch.Tensor) -> bool:
 
 def add_rms_norm_fused(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool,
                        out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    from m3bench.runtime.kernels.add_norm_triton import _add_rms_norm_kernel
+    from m3bench.runtime.kernels.add_norm_triton import add_rms_norm_kernel
 
     if not add_norm_supported(residual, x):
         raise ValueError(f"add_rms_norm_fused needs two [T, H] tensors of one of {DTYPES}, H <= {MAX_HIDDEN}")
@@ -30,7 +30,7 @@ def add_rms_norm_fused(residual: torch.Tensor, x: torch.Tensor, weight: torch.Te
     h, y = out if out is not None else (torch.empty_like(x), torch.empty_like(x))
     n_tok, hidden = x.shape
     if n_tok:
-        _add_rms_norm_kernel[(n_tok,)](
+        add_rms_norm_kernel[(n_tok,)](
             residual, x, weight, h, y, float(eps), residual.stride(0), x.stride(0), h.stride(0), y.stride(0),
             H=hidden, BLOCK=next_pow2(hidden), GEMMA=gemma, num_warps=8 if hidden >= 4096 else 4,
         )

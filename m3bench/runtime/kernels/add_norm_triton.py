@@ -11,7 +11,7 @@ from m3bench.runtime.kernels.round_triton import round_for
 
 
 @triton.jit
-def _add_rms_norm_kernel(
+def add_rms_norm_kernel(
     r_ptr, x_ptr, w_ptr, h_ptr, y_ptr, eps, s_r, s_x, s_h, s_y,
     H: tl.constexpr, BLOCK: tl.constexpr, GEMMA: tl.constexpr,
 ):

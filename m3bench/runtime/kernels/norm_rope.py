@@ -50,7 +50,7 @@ def norm_rope_write(y: torch.Tensor, b: Branch, q_weight: torch.Tensor | None, k
                     eps: float, gemma: bool, cos: torch.Tensor, sin: torch.Tensor, slot_mapping: torch.Tensor,
                     k_cache: kq.PagedTensor, v_cache: kq.PagedTensor | None = None,
                     q_out: torch.Tensor | None = None) -> torch.Tensor:
-    from m3bench.runtime.kernels.norm_rope_triton import _norm_rope_write_kernel
+    from m3bench.runtime.kernels.norm_rope_triton import norm_rope_write_kernel
 
     half = cos.shape[-1]
     if not norm_rope_supported(y, b.d, half) or y.stride(-1) != 1:
@@ -67,7 +67,7 @@ def norm_rope_write(y: torch.Tensor, b: Branch, q_weight: torch.Tensor | None, k
     norm = q_weight is not None
     cos, sin = cos.float().contiguous(), sin.float().contiguous()
     if n_tok:
-        _norm_rope_write_kernel[(n_tok, b.hq + b.hk + b.hv)](
+        norm_rope_write_kernel[(n_tok, b.hq + b.hk + b.hv)](
             y, q_out, q_weight if norm else y, k_weight if norm else y, cos, sin, slot_mapping,
             kd, ks, kgs, vd, vs, vgs, float(eps), b.q_col, b.k_col, b.v_col, y.stride(0),
             q_out.stride(0), q_out.stride(1), cos.stride(0),

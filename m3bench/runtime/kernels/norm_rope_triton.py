@@ -55,7 +55,7 @@ def _norm_rope_row(y_row, w_ptr, cos_row, sin_row, eps, dtype: tl.constexpr, D: 
 
 
 @triton.jit
-def _norm_rope_write_kernel(
+def norm_rope_write_kernel(
     y_ptr, q_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, slot_ptr,
     k_ptr, ks_ptr, kgs_ptr, v_ptr, vs_ptr, vgs_ptr,
     eps, q_col, k_col, v_col, s_yt, s_qt, s_qh, s_ct,

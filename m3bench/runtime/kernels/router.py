@@ -21,7 +21,7 @@ def router_topk_supported(logits: torch.Tensor, top_k: int) -> bool:
 
 def router_topk(logits: torch.Tensor, bias: torch.Tensor | None, top_k: int, scale: float,
                 out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    from m3bench.runtime.kernels.router_triton import _router_topk_kernel
+    from m3bench.runtime.kernels.router_triton import router_topk_kernel
 
     if not router_topk_supported(logits, top_k) or logits.stride(-1) != 1:
         raise ValueError(f"router_topk needs contiguous fp32 logits with a power-of-two expert count, "
@@ -33,7 +33,7 @@ def router_topk(logits: torch.Tensor, bias: torch.Tensor | None, top_k: int, sca
     w, ids = out
     block_t = max(1, min(16, 4096 // n_exp))
     bias_t = logits if bias is None else bias
-    _router_topk_kernel[(math.ceil(n_tok / block_t),)](
+    router_topk_kernel[(math.ceil(n_tok / block_t),)](
         logits, bias_t, w, ids, n_tok, float(scale), logits.stride(0),
         E=n_exp, K=top_k, KP=next_pow2(top_k), BLOCK_T=block_t, HAS_BIAS=bias is not None, num_warps=4,
     )

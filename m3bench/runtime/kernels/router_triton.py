@@ -11,7 +11,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _router_topk_kernel(
+def router_topk_kernel(
     logit_ptr, bias_ptr, w_ptr, id_ptr, n_tok, scale, s_lt,
     E: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, BLOCK_T: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):
