@@ -101,6 +101,8 @@ def _smoke(o: dict[str, Any]) -> dict[str, Any]:
 
 
 def _check(o: dict[str, Any]) -> None:
+    if o["reference"] is not None and o["no_reference"]:
+        raise M3BenchError("--reference and --no-reference exclude each other (gate against FILE, or run ungated)")
     if o["draft"] is None:
         raise M3BenchError("--model needs --draft (the Eagle3 draft directory)")
     if not o["model"].is_dir():

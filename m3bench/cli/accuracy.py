@@ -140,6 +140,8 @@ def register(app: typer.Typer) -> None:
 
 @user_errors
 def _run(opts: Options) -> int:
+    if opts.reference is not None and opts.no_reference:
+        raise M3BenchError("--reference and --no-reference exclude each other (gate against FILE, or run ungated)")
     if opts.model is None:
         return _smoke(opts)
     plans = [_plan(opts, name, opts.limit, opts.num_fewshot, opts.max_tokens) for name in opts.tasks]

@@ -21,7 +21,7 @@ from m3bench import __version__
 from m3bench.evals.gate import Verdict
 from m3bench.evals.protocols import Task, get_protocol
 from m3bench.evals.protocols.base import Item, Settings
-from m3bench.evals.references import AcceptanceReference, RunSpec, find_acceptance_reference
+from m3bench.evals.references import AcceptanceProtocol, AcceptanceReference, RunSpec, find_acceptance_reference
 from m3bench.evals.results import ItemLog, RunPaths, git_commit, prompt_sha256, run_key, write_summary
 from m3bench.evals.runner import load_splits
 from m3bench.runtime.errors import InputError
@@ -63,7 +63,8 @@ def resolve_reference(plan: AcceptPlan) -> AcceptanceReference | None:
     """Looked up before any compute: a missing or malformed reference is exit 2."""
     if not plan.use_reference:
         return None
-    return find_acceptance_reference(plan.model_id, plan.spec, plan.reference_file)
+    protocol = AcceptanceProtocol(get_protocol(Task.GSM8K_CHAT).name, plan.engine.draft_len)
+    return find_acceptance_reference(plan.model_id, plan.spec, protocol, plan.reference_file)
 
 
 def build_items(plan: AcceptPlan) -> tuple[list[Item], dict]:
@@ -174,7 +175,7 @@ def build_summary(plan: AcceptPlan, ctx: dict, records: list[dict[str, Any]], re
         "n": len(records), **stats.to_dict(),
         "output_tokens": sum(r["num_output_tokens"] for r in records),
         "cap_hit": sum(r["finish_reason"] == "length" for r in records),
-        "reference": None if reference is None else {k: v for k, v in asdict(reference).items() if k != "spec"},
+        "reference": None if reference is None else reference.to_dict(),
         "min_al": None if reference is None else reference.min_al,
         "verdict": verdict_of(stats.acceptance_length, reference).value,
         "run_key": key, "items_path": str(paths.items),

@@ -99,7 +99,8 @@ def raw_output(outputs: Sequence[GenResult] | Sequence[ScoreResult]) -> Any:
 def resolve_reference(plan: RunPlan, protocol: Protocol) -> AccuracyReference | None:
     if not plan.use_reference:
         return None
-    return find_accuracy_reference(protocol.dataset.value, plan.model_id, plan.spec, plan.reference_file)
+    return find_accuracy_reference(protocol.dataset.value, plan.model_id, plan.spec,
+                                   protocol.measured_with(plan.settings), plan.reference_file)
 
 
 def load_splits(protocol: Protocol, settings: Settings, data_dir: Path | None) -> dict[str, Split]:
