@@ -1,0 +1,54 @@
+"""Scoring with an Eagle3 draft loaded: prompt-logprob requests with max_tokens=0 run the target alone."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from m3bench.runtime import LLM, SamplingParams
+from m3bench.runtime.errors import InputError
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    from m3bench.runtime.speculative.tiny_draft import write_tiny_draft
+    from m3bench.runtime.tiny import write_tiny_checkpoint
+
+    root = tmp_path_factory.mktemp("pair")
+    target = write_tiny_checkpoint(root / "t", seed=0)
+    write_tiny_draft(root / "d", target_dir=target, seed=1)
+    return target, root / "d"
+
+
+def _prompts(seed: int) -> list[list[int]]:
+    rnd = random.Random(seed)
+    return [[rnd.randrange(2048) for _ in range(n)] for n in (23, 9, 140)]
+
+
+def test_score_requests_beside_generation_equal_the_plain_engine(pair):
+    target, draft = pair
+    plain = LLM(str(target), device="cpu", dtype="float32", tokens_per_block=16)
+    spec = LLM(str(target), device="cpu", dtype="float32", tokens_per_block=16, speculative_model=draft, draft_len=3)
+    prompts = _prompts(7)
+    score = SamplingParams(max_tokens=0, prompt_logprobs=2)
+    gen = SamplingParams(max_tokens=10)
+    params = [score, gen, score]
+    want, got = plain.generate(prompts, params), spec.generate(prompts, params)
+    for w, g, p in zip(want, got, params):
+        if p is score:
+            assert g.prompt_logprobs == pytest.approx(w.prompt_logprobs, abs=1e-5)
+            assert len(g.prompt_logprobs) == len(g.prompt_ids) - 1 and g.token_ids == []
+            assert [[t for t, _ in row] for row in g.prompt_top_logprobs] == [[t for t, _ in row] for row in w.prompt_top_logprobs]
+            record = spec.spec_record(g.request_id)
+            assert record is None or not any(proposed for proposed, _ in record.steps)  # no draft ran for it
+        else:
+            assert g.token_ids == w.token_ids  # greedy speculation stays lossless beside scoring rows
+    assert spec.spec_stats([got[1].request_id]).drafts > 0  # the generating request did speculate
+
+
+def test_prompt_logprobs_with_generation_is_refused_under_speculation(pair):
+    target, draft = pair
+    spec = LLM(str(target), device="cpu", dtype="float32", speculative_model=draft, draft_len=3)
+    with pytest.raises(InputError, match="max_tokens=0"):
+        spec.generate([[1, 2, 3]], SamplingParams(max_tokens=4, prompt_logprobs=1))
