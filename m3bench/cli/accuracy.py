@@ -53,6 +53,8 @@ HELP = {
     "seed": "Seed of the --limit shuffle.",
     "progress": "Progress bar on stderr.",
     "max_batch_size": "Runtime engine's sequences per step (also score pairs per saved chunk).",
+    "baseline": "An earlier run (its summary JSON, or its --out directory) on the same items: gate by a paired "
+                "test (McNemar's exact test) against it instead of a reference.",
 }
 
 
@@ -100,6 +102,7 @@ class Options:
     progress: bool
     max_batch_size: int = 64
     draft_kv: str = "separate"
+    baseline: Path | None = None
 
 
 def register(app: typer.Typer) -> None:
@@ -129,12 +132,13 @@ def register(app: typer.Typer) -> None:
         progress: bool = typer.Option(True, "--progress/--no-progress", help=HELP["progress"]),
         max_batch_size: int = typer.Option(64, "--max-batch-size", help=HELP["max_batch_size"]),
         draft_kv: str = typer.Option("separate", "--draft-kv", help=HELP["draft_kv"]),
+        baseline: Optional[Path] = typer.Option(None, "--baseline", help=HELP["baseline"]),
     ) -> None:
         """Accuracy of a model on MMLU / GSM8K, gated against a reference (TensorRT-LLM's hypothesis test)."""
         opts = Options(model, tuple(t.strip() for t in task.split(",") if t.strip()), limit, num_fewshot, backend,
                        base_url, kv_cache_dtype, draft, draft_len, reference, no_reference, out, data_dir, junit,
                        max_tokens, device, dtype, model_id, quant_algo, extra_acc_spec, seed, progress, max_batch_size,
-                       draft_kv)
+                       draft_kv, baseline)
         raise typer.Exit(_run(opts))
 
 
@@ -142,6 +146,8 @@ def register(app: typer.Typer) -> None:
 def _run(opts: Options) -> int:
     if opts.reference is not None and opts.no_reference:
         raise M3BenchError("--reference and --no-reference exclude each other (gate against FILE, or run ungated)")
+    if opts.baseline is not None and opts.reference is not None:
+        raise M3BenchError("--baseline and --reference exclude each other (the baseline's paired test is the gate)")
     if opts.model is None:
         return _smoke(opts)
     plans = [_plan(opts, name, opts.limit, opts.num_fewshot, opts.max_tokens) for name in opts.tasks]
@@ -205,7 +211,8 @@ def _plan(opts: Options, task_name: str, limit, num_fewshot, max_tokens):
     config_sha = file_sha256(model_dir / "config.json") if model_dir else None
     return RunPlan(task, Settings(num_fewshot, limit, max_tokens, opts.seed), opts.model_id or resolve_model_id(opts.model),
                    str(model_dir.resolve()) if model_dir else opts.model, config_sha, run_spec(opts, model_dir),
-                   opts.out, opts.data_dir, opts.reference, not opts.no_reference)
+                   opts.out, opts.data_dir, opts.reference, not opts.no_reference and opts.baseline is None,
+                   opts.baseline)
 
 
 def resolve_model_id(model: str) -> str:
@@ -300,6 +307,8 @@ def print_table(summaries: list[dict[str, Any]], model_id: str) -> None:
         console = Console(stderr=True, width=160)  # logs and CI: do not wrap to 80 columns
     console.print(_verdict_table(summaries, model_id))
     for s in summaries:
+        if s.get("paired"):
+            console.print(paired_line(s))
         if s.get("categories"):
             cats = "  ".join(f"{c} {v['score']:.2f} (n={v['n']})" for c, v in s["categories"].items())
             console.print(f"{s['task']} categories: {cats}")
@@ -318,6 +327,13 @@ def _verdict_table(summaries: list[dict[str, Any]], model_id: str):
                       _fmt(ref["accuracy"] if ref else None), _fmt(s["threshold"]), _fmt(s["theta"]),
                       str(s["cap_hit"]), s["verdict"])
     return table
+
+
+def paired_line(s: dict[str, Any]) -> str:
+    p, b = s["paired"], s["baseline"]
+    return (f"{s['task']} vs baseline {b['run_key']} ({b['score']:.2f}): paired difference {p['difference']:+.2f} "
+            f"± {p['stderr']:.2f}, McNemar {p['metric']} b={p['baseline_only_right']} c={p['current_only_right']} "
+            f"p={p['p_value']:.4g} (alpha {p['alpha']}) -> {p['verdict']}")
 
 
 def _fmt(value: float | None) -> str:

@@ -16,13 +16,14 @@ from m3bench import __version__
 from m3bench.evals.backends.base import Backend, GenResult, ScoreResult
 from m3bench.evals.datasets import DataUnavailable, Split, load_split
 from m3bench.evals.gate import Verdict
+from m3bench.evals.paired import Baseline, PairedResult, find_baseline, pair_records, paired_test
 from m3bench.evals.progress import item_progress
 from m3bench.evals.protocols import Task, get_protocol
 from m3bench.evals.protocols.base import Item, Protocol, RequestKind, Settings
 from m3bench.evals.protocols.gsm8k import LM_EVAL_FEWSHOT_SEED
 from m3bench.evals.references import AccuracyReference, RunSpec, find_accuracy_reference
 from m3bench.evals.results import (
-    ItemLog, RunPaths, git_commit, item_record, ordered_records, run_key, score_records, write_summary,
+    ItemLog, RunPaths, git_commit, item_record, ordered_records, prompt_sha256, run_key, score_records, write_summary,
 )
 from m3bench.runtime.errors import InputError
 
@@ -41,6 +42,7 @@ class RunPlan:
     data_dir: Path | None = None
     reference_file: Path | None = None
     use_reference: bool = True
+    baseline: Path | None = None  # an earlier run's summary (or results dir): the paired test gates this run
 
 
 def run_task(plan: RunPlan, backend: Backend, progress: bool = True) -> tuple[dict[str, Any], RunPaths]:
@@ -48,6 +50,7 @@ def run_task(plan: RunPlan, backend: Backend, progress: bool = True) -> tuple[di
     reference = resolve_reference(plan, protocol)  # before any compute: a missing reference is exit 2
     splits = load_splits(protocol, plan.settings, plan.data_dir)
     items = protocol.build_items(splits, plan.settings)
+    baseline = resolve_baseline(plan, protocol, items)  # before any compute: different items are exit 2
     key = run_key(identity(plan, protocol, backend, splits))
     paths = RunPaths.of(plan.out_dir, plan.task.value, key)
     log = ItemLog(paths.items, key)
@@ -60,8 +63,12 @@ def run_task(plan: RunPlan, backend: Backend, progress: bool = True) -> tuple[di
             advance()
 
         execute(protocol, backend, key, todo, on_record)
-    scores = score_records(protocol, ordered_records(items, done))
+    records = ordered_records(items, done)
+    scores = score_records(protocol, records)
+    paired = paired_test(records, baseline.records, protocol.metrics[0]) if baseline else None
     summary = build_summary(plan, protocol, backend, splits, scores, reference, key, paths)
+    if baseline is not None:
+        summary = with_paired(summary, baseline, paired)
     write_summary(paths.summary, summary)
     return summary, paths
 
@@ -101,6 +108,21 @@ def resolve_reference(plan: RunPlan, protocol: Protocol) -> AccuracyReference | 
         return None
     return find_accuracy_reference(protocol.dataset.value, plan.model_id, plan.spec,
                                    protocol.measured_with(plan.settings), plan.reference_file)
+
+
+def resolve_baseline(plan: RunPlan, protocol: Protocol, items: Sequence[Item]) -> Baseline | None:
+    """The baseline run of this task, checked to hold every item of this run, asked the same way."""
+    if plan.baseline is None:
+        return None
+    settings = {**asdict(plan.settings), **protocol.describe(plan.settings)}
+    baseline = find_baseline(plan.baseline, plan.task.value, protocol.version, settings)
+    pair_records([{"id": i.id, "prompt_sha256": prompt_sha256(i)} for i in items], baseline.records)
+    return baseline
+
+
+def with_paired(summary: dict[str, Any], baseline: Baseline, paired: PairedResult) -> dict[str, Any]:
+    """The summary gated by the paired test against the baseline (McNemar's exact test)."""
+    return {**summary, "baseline": baseline.describe(), "paired": paired.to_dict(), "verdict": paired.verdict.value}
 
 
 def load_splits(protocol: Protocol, settings: Settings, data_dir: Path | None) -> dict[str, Split]:
