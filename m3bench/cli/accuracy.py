@@ -53,6 +53,9 @@ HELP = {
     "seed": "Seed of the --limit shuffle.",
     "progress": "Progress bar on stderr.",
     "max_batch_size": "Runtime engine's sequences per step (also score pairs per saved chunk).",
+    "sequential": "Stop as soon as the verdict can no longer change (Wald's SPRT at the gate's alpha, beta and "
+                  "theta, checked after every --sequential-batch items of a seeded shuffle); the stopping n is recorded.",
+    "sequential_batch": "Items between two looks of --sequential.",
     "baseline": "An earlier run (its summary JSON, or its --out directory) on the same items: gate by a paired "
                 "test (McNemar's exact test) against it instead of a reference.",
 }
@@ -103,6 +106,8 @@ class Options:
     max_batch_size: int = 64
     draft_kv: str = "separate"
     baseline: Path | None = None
+    sequential: bool = False
+    sequential_batch: int = 50
 
 
 def register(app: typer.Typer) -> None:
@@ -133,12 +138,14 @@ def register(app: typer.Typer) -> None:
         max_batch_size: int = typer.Option(64, "--max-batch-size", help=HELP["max_batch_size"]),
         draft_kv: str = typer.Option("separate", "--draft-kv", help=HELP["draft_kv"]),
         baseline: Optional[Path] = typer.Option(None, "--baseline", help=HELP["baseline"]),
+        sequential: bool = typer.Option(False, "--sequential", help=HELP["sequential"]),
+        sequential_batch: int = typer.Option(50, "--sequential-batch", help=HELP["sequential_batch"]),
     ) -> None:
         """Accuracy of a model on MMLU / GSM8K, gated against a reference (TensorRT-LLM's hypothesis test)."""
         opts = Options(model, tuple(t.strip() for t in task.split(",") if t.strip()), limit, num_fewshot, backend,
                        base_url, kv_cache_dtype, draft, draft_len, reference, no_reference, out, data_dir, junit,
                        max_tokens, device, dtype, model_id, quant_algo, extra_acc_spec, seed, progress, max_batch_size,
-                       draft_kv, baseline)
+                       draft_kv, baseline, sequential, sequential_batch)
         raise typer.Exit(_run(opts))
 
 
@@ -148,6 +155,9 @@ def _run(opts: Options) -> int:
         raise M3BenchError("--reference and --no-reference exclude each other (gate against FILE, or run ungated)")
     if opts.baseline is not None and opts.reference is not None:
         raise M3BenchError("--baseline and --reference exclude each other (the baseline's paired test is the gate)")
+    if opts.sequential and (opts.no_reference or opts.baseline is not None or opts.sequential_batch < 1):
+        raise M3BenchError("--sequential needs a reference gate (not --no-reference or --baseline) and a positive "
+                           "--sequential-batch")
     if opts.model is None:
         return _smoke(opts)
     plans = [_plan(opts, name, opts.limit, opts.num_fewshot, opts.max_tokens) for name in opts.tasks]
@@ -212,7 +222,7 @@ def _plan(opts: Options, task_name: str, limit, num_fewshot, max_tokens):
     return RunPlan(task, Settings(num_fewshot, limit, max_tokens, opts.seed), opts.model_id or resolve_model_id(opts.model),
                    str(model_dir.resolve()) if model_dir else opts.model, config_sha, run_spec(opts, model_dir),
                    opts.out, opts.data_dir, opts.reference, not opts.no_reference and opts.baseline is None,
-                   opts.baseline)
+                   opts.baseline, opts.sequential_batch if opts.sequential else None)
 
 
 def resolve_model_id(model: str) -> str:
@@ -309,6 +319,10 @@ def print_table(summaries: list[dict[str, Any]], model_id: str) -> None:
     for s in summaries:
         if s.get("paired"):
             console.print(paired_line(s))
+        if s.get("sequential"):
+            q = s["sequential"]
+            console.print(f"{s['task']} sequential: stopped at n={q['stopped_at']} of {q['n_max']} (LLR {q['llr']:.2f}, "
+                          f"bounds {q['lower']:.2f} / {q['upper']:.2f}, decided by {q['decided_by']})")
         if s.get("categories"):
             cats = "  ".join(f"{c} {v['score']:.2f} (n={v['n']})" for c, v in s["categories"].items())
             console.print(f"{s['task']} categories: {cats}")

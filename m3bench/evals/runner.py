@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import contextlib
+import random
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from m3bench.evals.datasets import DataUnavailable, Split, load_split
 from m3bench.evals.gate import Verdict
 from m3bench.evals.paired import Baseline, PairedResult, find_baseline, pair_records, paired_test
 from m3bench.evals.progress import item_progress
+from m3bench.evals.sequential import Sprt, boundaries
 from m3bench.evals.protocols import Task, get_protocol
 from m3bench.evals.protocols.base import Item, Protocol, RequestKind, Settings
 from m3bench.evals.protocols.gsm8k import LM_EVAL_FEWSHOT_SEED
@@ -43,6 +45,7 @@ class RunPlan:
     reference_file: Path | None = None
     use_reference: bool = True
     baseline: Path | None = None  # an earlier run's summary (or results dir): the paired test gates this run
+    sequential_batch: int | None = None  # --sequential: SPRT after every this many items (None: fixed sample)
 
 
 def run_task(plan: RunPlan, backend: Backend, progress: bool = True) -> tuple[dict[str, Any], RunPaths]:
@@ -62,13 +65,18 @@ def run_task(plan: RunPlan, backend: Backend, progress: bool = True) -> tuple[di
             done[record["id"]] = log.append(record)
             advance()
 
-        execute(protocol, backend, key, todo, on_record)
+        if plan.sequential_batch is None:
+            execute(protocol, backend, key, todo, on_record)
+        else:
+            items, stopped = run_sequential(plan, protocol, backend, key, items, done, on_record, reference)
     records = ordered_records(items, done)
     scores = score_records(protocol, records)
     paired = paired_test(records, baseline.records, protocol.metrics[0]) if baseline else None
     summary = build_summary(plan, protocol, backend, splits, scores, reference, key, paths)
     if baseline is not None:
         summary = with_paired(summary, baseline, paired)
+    if plan.sequential_batch is not None:
+        summary = {**summary, **stopped}
     write_summary(paths.summary, summary)
     return summary, paths
 
@@ -94,6 +102,29 @@ def execute(protocol: Protocol, backend: Backend, key: str, items: Sequence[Item
     (backend.score if protocol.kind is RequestKind.SCORE else backend.generate)(requests, on_done)
     if pending:
         raise RuntimeError(f"backend {backend.name} returned no result for {len(pending)} of {len(items)} items")
+
+
+def run_sequential(plan: RunPlan, protocol: Protocol, backend: Backend, key: str, items: list[Item],
+                   done: dict[str, dict[str, Any]], on_record: Callable, reference: AccuracyReference | None
+                   ) -> tuple[list[Item], dict[str, Any]]:
+    """Items in a seeded shuffle, one batch at a time, until the SPRT decides (or the items run out):
+    (the items run, the summary keys of the sequential verdict)."""
+    if reference is None:
+        raise InputError("--sequential needs a reference gate (not with --no-reference or --baseline)")
+    gate = reference.gate(len(items))
+    sprt = Sprt.for_gate(gate)
+    order = random.Random(f"sequential/{plan.settings.seed}").sample(items, len(items))
+    for n in boundaries(len(order), plan.sequential_batch):
+        execute(protocol, backend, key, [i for i in order[:n] if i.id not in done], on_record)
+        successes = sum(done[i.id]["value"] for i in order[:n])
+        verdict = sprt.decide(successes, n)
+        if verdict is not None or n == len(order):
+            break
+    decided = verdict is not None
+    verdict = verdict or gate.verdict(100.0 * successes / n)  # no bound crossed: the fixed-sample gate
+    info = {"stopped_at": n, "n_max": len(order), "batch": plan.sequential_batch, "llr": sprt.llr(successes, n),
+            "decided_by": "sprt" if decided else "fixed_gate", **sprt.to_dict()}
+    return order[:n], {"sequential": info, "verdict": verdict.value, "threshold": gate.threshold, "theta": gate.theta}
 
 
 def raw_output(outputs: Sequence[GenResult] | Sequence[ScoreResult]) -> Any:
