@@ -179,7 +179,10 @@ def _finish(cfg, rows: list[dict], baseline: Path | None, max_regression: float 
     front = frontier(ok, x=lambda r: r[X_KEY], y=lambda r: r[Y_KEY])
     base_rows = load_results(baseline) if baseline is not None else []
     changes = compare(rows, base_rows, max_regression)
-    json_path, csv_path = write_results(cfg.out_dir, rows, front, changes, config_summary(cfg))
+    from m3bench.provenance import sweep_provenance
+
+    json_path, csv_path = write_results(cfg.out_dir, rows, front, changes,
+                                        {**config_summary(cfg), "provenance": sweep_provenance(cfg)})
     if ok:
         plot_pareto(ok, Path(cfg.out_dir) / "pareto.png", [r for r in base_rows if "error" not in r])
     _table(rows, front, changes)

@@ -22,8 +22,9 @@ from m3bench.evals.gate import Verdict
 from m3bench.evals.protocols import Task, get_protocol
 from m3bench.evals.protocols.base import Item, Settings
 from m3bench.evals.references import AcceptanceProtocol, AcceptanceReference, RunSpec, find_acceptance_reference
-from m3bench.evals.results import ItemLog, RunPaths, git_commit, prompt_sha256, run_key, write_summary
+from m3bench.evals.results import ItemLog, RunPaths, prompt_sha256, run_key, write_summary
 from m3bench.evals.runner import load_splits
+from m3bench.provenance import git_commit, provenance, weights_fingerprint
 from m3bench.runtime.errors import InputError
 
 TASK = "acceptance"
@@ -75,12 +76,21 @@ def build_items(plan: AcceptPlan) -> tuple[list[Item], dict]:
     if settings.max_tokens is None:
         settings = Settings(settings.num_fewshot, settings.limit, DEFAULT_MAX_TOKENS, settings.seed)
     splits = load_splits(protocol, settings, plan.data_dir)
-    return protocol.build_items(splits, settings), {"splits": splits, "settings": settings, "protocol": protocol}
+    ctx = {"splits": splits, "settings": settings, "protocol": protocol, "weights": weights(plan.engine)}
+    return protocol.build_items(splits, settings), ctx
+
+
+def weights(engine: EngineSettings) -> dict[str, Any]:
+    """Fingerprints of the target's and the draft's weights (they key the run)."""
+    return {"target": weights_fingerprint(Path(engine.model)),
+            "draft": None if engine.draft is None else weights_fingerprint(Path(engine.draft))}
 
 
 def identity(plan: AcceptPlan, ctx: dict) -> dict[str, Any]:
     e = plan.engine
+    w = ctx["weights"]
     return {"task": TASK, "model": plan.model_id, "protocol_version": ctx["protocol"].version,
+            "weights_sha256": {k: None if v is None else v["sha256"] for k, v in w.items()},
             "settings": asdict(ctx["settings"]), "data": {k: s.source.sha256 for k, s in ctx["splits"].items()},
             "engine": {**asdict(e), "model": str(Path(e.model).resolve()),
                        "draft": None if e.draft is None else str(Path(e.draft).resolve())}}
@@ -182,7 +192,10 @@ def build_summary(plan: AcceptPlan, ctx: dict, records: list[dict[str, Any]], re
         "metadata": {"m3bench_version": __version__, "git_commit": git_commit(Path(__file__).parent),
                      "model_id": plan.model_id, "spec": asdict(plan.spec),
                      "engine": identity(plan, ctx)["engine"], "settings": asdict(ctx["settings"]),
-                     "data": {k: s.source.to_dict() for k, s in ctx["splits"].items()}},
+                     "data": {k: s.source.to_dict() for k, s in ctx["splits"].items()},
+                     "provenance": provenance(plan.engine.device, identity(plan, ctx)["engine"], None,
+                                              {k: s.source.sha256 for k, s in ctx["splits"].items()},
+                                              {"limit_shuffle": ctx["settings"].seed, "engine": 0}, ctx["weights"])},
     }
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,15 +93,6 @@ class ItemLog:
                 f.flush()
                 os.fsync(f.fileno())
         return record
-
-
-def git_commit(start: Path) -> str | None:
-    """The checkout's HEAD (read only), or None outside a git work tree."""
-    try:
-        done = subprocess.run(["git", "-C", str(start), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout.strip() if done.returncode == 0 else None
 
 
 def file_sha256(path: Path) -> str | None:

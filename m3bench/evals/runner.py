@@ -25,8 +25,9 @@ from m3bench.evals.protocols.base import Item, Protocol, RequestKind, Settings
 from m3bench.evals.protocols.gsm8k import LM_EVAL_FEWSHOT_SEED
 from m3bench.evals.references import AccuracyReference, RunSpec, find_accuracy_reference
 from m3bench.evals.results import (
-    ItemLog, RunPaths, git_commit, item_record, ordered_records, prompt_sha256, run_key, score_records, write_summary,
+    ItemLog, RunPaths, item_record, ordered_records, prompt_sha256, run_key, score_records, write_summary,
 )
+from m3bench.provenance import git_commit, provenance, weights_fingerprint
 from m3bench.runtime.errors import InputError
 
 IDENTITY_BACKEND_KEYS = ("model", "dtype", "kv_cache_dtype", "draft", "draft_len", "base_url", "chat_template_kwargs")
@@ -54,7 +55,8 @@ def run_task(plan: RunPlan, backend: Backend, progress: bool = True) -> tuple[di
     splits = load_splits(protocol, plan.settings, plan.data_dir)
     items = protocol.build_items(splits, plan.settings)
     baseline = resolve_baseline(plan, protocol, items)  # before any compute: different items are exit 2
-    key = run_key(identity(plan, protocol, backend, splits))
+    weights = model_weights(plan)
+    key = run_key(identity(plan, protocol, backend, splits, weights))
     paths = RunPaths.of(plan.out_dir, plan.task.value, key)
     log = ItemLog(paths.items, key)
     done = log.load()
@@ -73,6 +75,7 @@ def run_task(plan: RunPlan, backend: Backend, progress: bool = True) -> tuple[di
     scores = score_records(protocol, records)
     paired = paired_test(records, baseline.records, protocol.metrics[0]) if baseline else None
     summary = build_summary(plan, protocol, backend, splits, scores, reference, key, paths)
+    summary["metadata"]["provenance"] = run_provenance(plan, backend, splits, weights)
     if baseline is not None:
         summary = with_paired(summary, baseline, paired)
     if plan.sequential_batch is not None:
@@ -171,10 +174,18 @@ def load_splits(protocol: Protocol, settings: Settings, data_dir: Path | None) -
     return splits
 
 
-def identity(plan: RunPlan, protocol: Protocol, backend: Backend, splits: dict[str, Split]) -> dict[str, Any]:
+def model_weights(plan: RunPlan) -> dict[str, Any] | None:
+    """Fingerprint of the checkpoint directory the run loads (None for a served model name)."""
+    path = Path(plan.model_path)
+    return weights_fingerprint(path) if path.is_dir() else None
+
+
+def identity(plan: RunPlan, protocol: Protocol, backend: Backend, splits: dict[str, Split],
+             weights: dict[str, Any] | None = None) -> dict[str, Any]:
     described = backend.describe()
     return {
         "model": plan.model_id, "model_path": plan.model_path, "config_sha256": plan.model_config_sha256,
+        "weights_sha256": None if weights is None else weights["sha256"],
         "task": plan.task.value, **protocol.describe(plan.settings), "settings": asdict(plan.settings),
         "backend": backend.name, "backend_settings": {k: described.get(k) for k in IDENTITY_BACKEND_KEYS},
         "data": {name: split.source.sha256 for name, split in splits.items()},
@@ -204,6 +215,16 @@ def metadata(plan: RunPlan, protocol: Protocol, backend: Backend, splits: dict[s
         "devices": described.get("devices"),
         "seeds": {"limit_shuffle": plan.settings.seed, "gsm8k_fewshot": LM_EVAL_FEWSHOT_SEED},
     }
+
+
+def run_provenance(plan: RunPlan, backend: Backend, splits: dict[str, Split],
+                   weights: dict[str, Any] | None) -> dict[str, Any]:
+    described = backend.describe()
+    model_dir = Path(plan.model_path) if Path(plan.model_path).is_dir() else None
+    seeds = {"limit_shuffle": plan.settings.seed, "gsm8k_fewshot": LM_EVAL_FEWSHOT_SEED,
+             "sequential_order": plan.settings.seed if plan.sequential_batch is not None else None}
+    return provenance(described.get("device"), {"backend": backend.name, **described}, model_dir,
+                      {name: split.source.sha256 for name, split in splits.items()}, seeds, weights)
 
 
 def _progress(enabled: bool, label: str, total: int, done: int):

@@ -63,6 +63,9 @@ def test_accept_end_to_end_and_resume(pair, data_dir, tmp_path):
     assert s["acceptance_length"] == pytest.approx(1 + s["accepted"] / s["drafts"])
     assert s["acceptance_rate"] == pytest.approx(s["accepted"] / s["proposed"])
     assert sum(s["histogram"]) == s["drafts"] and len(s["per_position_rate"]) == 3
+    prov = s["metadata"]["provenance"]  # versions, device, engine, data, seeds, both weights fingerprints
+    assert prov["software"]["torch"] and prov["device"]["cuda"] is None and prov["engine"]["draft_len"] == 3
+    assert prov["weights"]["target"]["kind"] == "files" and len(prov["weights"]["draft"]["sha256"]) == 64
     items = Path(s["items_path"]).read_text().splitlines()
     assert len(items) == 3 and all(json.loads(line)["steps"] for line in items)
     assert "acceptance_length" in (tmp_path / "a.xml").read_text()
