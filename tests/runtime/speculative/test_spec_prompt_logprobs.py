@@ -12,13 +12,11 @@ from m3bench.runtime.errors import InputError
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    from m3bench.runtime.speculative.tiny_draft import write_tiny_draft
+    """The tiny checkpoint and the Eagle3 draft the wheel ships for it."""
+    from m3bench.runtime.speculative.tiny_draft import shipped_tiny_eagle3
     from m3bench.runtime.tiny import write_tiny_checkpoint
 
-    root = tmp_path_factory.mktemp("pair")
-    target = write_tiny_checkpoint(root / "t", seed=0)
-    write_tiny_draft(root / "d", target_dir=target, seed=1)
-    return target, root / "d"
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("pair") / "t", seed=0), shipped_tiny_eagle3()
 
 
 def _prompts(seed: int) -> list[list[int]]:
