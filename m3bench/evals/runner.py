@@ -17,7 +17,7 @@ from m3bench import __version__
 from m3bench.evals.backends.base import Backend, GenResult, ScoreResult
 from m3bench.evals.datasets import DataUnavailable, Split, load_split
 from m3bench.evals.gate import Verdict
-from m3bench.evals.paired import Baseline, PairedResult, find_baseline, pair_records, paired_test
+from m3bench.evals.paired import Baseline, find_baseline, pair_records, paired_test
 from m3bench.evals.progress import item_progress
 from m3bench.evals.sequential import Sprt, boundaries
 from m3bench.evals.protocols import Task, get_protocol
@@ -61,6 +61,7 @@ def run_task(plan: RunPlan, backend: Backend, progress: bool = True) -> tuple[di
     log = ItemLog(paths.items, key)
     done = log.load()
     todo = [item for item in items if item.id not in done]
+    stopped: dict[str, Any] = {}
     with _progress(progress, plan.task.value, len(items), len(items) - len(todo)) as advance:
 
         def on_record(record: dict[str, Any]) -> None:
@@ -72,14 +73,9 @@ def run_task(plan: RunPlan, backend: Backend, progress: bool = True) -> tuple[di
         else:
             items, stopped = run_sequential(plan, protocol, backend, key, items, done, on_record, reference)
     records = ordered_records(items, done)
-    scores = score_records(protocol, records)
-    paired = paired_test(records, baseline.records, protocol.metrics[0]) if baseline else None
-    summary = build_summary(plan, protocol, backend, splits, scores, reference, key, paths)
+    summary = build_summary(plan, protocol, backend, splits, score_records(protocol, records), reference, key, paths)
     summary["metadata"]["provenance"] = run_provenance(plan, backend, splits, weights)
-    if baseline is not None:
-        summary = with_paired(summary, baseline, paired)
-    if plan.sequential_batch is not None:
-        summary = {**summary, **stopped}
+    summary = {**summary, **(paired_verdict(protocol, records, baseline) if baseline else stopped)}
     write_summary(paths.summary, summary)
     return summary, paths
 
@@ -154,9 +150,10 @@ def resolve_baseline(plan: RunPlan, protocol: Protocol, items: Sequence[Item]) -
     return baseline
 
 
-def with_paired(summary: dict[str, Any], baseline: Baseline, paired: PairedResult) -> dict[str, Any]:
-    """The summary gated by the paired test against the baseline (McNemar's exact test)."""
-    return {**summary, "baseline": baseline.describe(), "paired": paired.to_dict(), "verdict": paired.verdict.value}
+def paired_verdict(protocol: Protocol, records: list[dict[str, Any]], baseline: Baseline) -> dict[str, Any]:
+    """Summary keys of the paired test against the baseline (McNemar's exact test), which is the gate."""
+    paired = paired_test(records, baseline.records, protocol.metrics[0])
+    return {"baseline": baseline.describe(), "paired": paired.to_dict(), "verdict": paired.verdict.value}
 
 
 def load_splits(protocol: Protocol, settings: Settings, data_dir: Path | None) -> dict[str, Split]:
