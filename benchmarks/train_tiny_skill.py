@@ -104,7 +104,6 @@ def learning_rate(plan: TrainPlan, step: int) -> float:
 
 
 def train(init_dir: Path, data_dir: Path, plan: TrainPlan, device: str) -> tuple[M3ForCausalLM, list[float]]:
-    torch.manual_seed(plan.seed)
     cfg = ModelConfig.from_pretrained(init_dir)
     model = M3ForCausalLM(cfg, torch.float32, device)
     model.load_weights(CheckpointReader(init_dir, cfg))
@@ -115,7 +114,7 @@ def train(init_dir: Path, data_dir: Path, plan: TrainPlan, device: str) -> tuple
     for p in params:
         p.requires_grad_(True)
     opt = torch.optim.AdamW(params, lr=plan.lr, weight_decay=plan.weight_decay)
-    order = random.Random(plan.seed)
+    order = random.Random(plan.seed)  # the only randomness: the batches (weights come from the seeded init)
     losses = []
     for step in range(plan.steps):
         for group in opt.param_groups:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import operator
 import re
 import sys
 from collections import Counter
@@ -23,6 +24,7 @@ from m3bench.evals.synthetic import TaskSetSizes, read_train_rows, write_task_se
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 SIZES = TaskSetSizes(300, 60, 300, 60)
+OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 
 
 def _digest(root: Path) -> str:
@@ -39,7 +41,7 @@ def test_task_set_is_seeded_held_out_and_in_the_real_formats(tmp_path):
     assert not {(r.question, r.choices) for r in mmlu_train} & {(r.question, r.choices) for r in mmlu_test}
     for row in (*gsm_train, *gsm_test):  # calculator annotations are right and strict-match finds the answer
         for x, op, y, z in re.findall(r"<<(\d+)([+\-*])(\d+)=(\d+)>>", row.answer):
-            assert eval(f"{x}{op}{y}") == int(z)
+            assert OPS[op](int(x), int(y)) == int(z)
         assert gsm8k_match(extract_strict_first(row.answer), row.answer)
     for row in mmlu_test:
         assert row.subject in SUBJECTS and len(set(row.choices)) == 4
