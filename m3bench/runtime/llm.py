@@ -194,11 +194,8 @@ class LLM:
             raise InputError(f"prompt of {len(ids)} tokens leaves no room in max_model_len {self.max_model_len}")
         if params.stop and self.tokenizer is None:
             raise InputError("stop strings need a tokenizer (this model directory has none)")
+        # max_tokens=0: a scoring request (with a draft loaded, the target alone scores it, no draft runs)
         prefill_only = params.prompt_logprobs is not None and params.max_tokens == 0  # scored like LLM.score
-        if params.prompt_logprobs is not None and self.spec is not None and not prefill_only:
-            # a prefill-only request is a scoring request: the target alone scores it, no draft runs
-            raise InputError("prompt_logprobs with generation is not supported with speculative decoding: "
-                             "score the prompt with max_tokens=0")
         return Sequence(request_id=next(self._ids), prompt_ids=ids, params=params, score_from=1 if prefill_only else -1)
 
     def _submit(self, seq: Sequence, track: bool = True) -> int:

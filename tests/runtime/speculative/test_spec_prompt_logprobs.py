@@ -7,7 +7,6 @@ import random
 import pytest
 
 from m3bench.runtime import LLM, SamplingParams
-from m3bench.runtime.errors import InputError
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +44,17 @@ def test_score_requests_beside_generation_equal_the_plain_engine(pair):
     assert spec.spec_stats([got[1].request_id]).drafts > 0  # the generating request did speculate
 
 
-def test_prompt_logprobs_with_generation_is_refused_under_speculation(pair):
+def test_prompt_logprobs_with_generation_under_speculation_equal_the_plain_engine(pair):
+    """Prompt logprobs of a generating request (echo with max_tokens > 0) are scored on its prefill rows, the
+    generation still speculates, and both equal the plain engine's."""
     target, draft = pair
-    spec = LLM(str(target), device="cpu", dtype="float32", speculative_model=draft, draft_len=3)
-    with pytest.raises(InputError, match="max_tokens=0"):
-        spec.generate([[1, 2, 3]], SamplingParams(max_tokens=4, prompt_logprobs=1))
+    plain = LLM(str(target), device="cpu", dtype="float32", tokens_per_block=16, max_num_tokens=64)
+    spec = LLM(str(target), device="cpu", dtype="float32", tokens_per_block=16, max_num_tokens=64,
+               speculative_model=draft, draft_len=3)
+    prompts = _prompts(11)  # 140 tokens > max_num_tokens: a chunked prefill
+    params = SamplingParams(max_tokens=8, prompt_logprobs=1)
+    want, got = plain.generate(prompts, params), spec.generate(prompts, params)
+    for w, g in zip(want, got):
+        assert g.token_ids == w.token_ids and len(g.prompt_logprobs) == len(g.prompt_ids) - 1
+        assert g.prompt_logprobs == pytest.approx(w.prompt_logprobs, abs=1e-5)
+    assert spec.spec_stats().drafts > 0
