@@ -3,6 +3,8 @@
     python benchmarks/gpu_sweep.py                      # H200: two sweeps in < 7 min, tables last; files to $OUT
     python benchmarks/gpu_sweep.py --layers 12 --budget-s 390 --out out/
     python benchmarks/gpu_sweep.py --cpu-smoke          # tiny shapes on CPU (what the test runs)
+    python benchmarks/gpu_sweep.py --layers 47 --trace ../shared/data/traces/conversation_trace.jsonl \
+        --max-requests 64 --concurrency 16 64 --spec-graphs   # replay a trace's first requests instead
 
 Writes into a temp dir (a) the target's config.json at the per-GPU shapes of benchmarks/decode_step.py
 (hidden 6144, 8 q heads, 1 KV head of 128, rotary 64, index 1 x 128, 16 experts of 3072 top-4, shared
@@ -17,6 +19,12 @@ drawn in [0.8 L, L], InferenceX), FP8 KV, per point max(4, 2 C) measured request
 (outside the window; the first point's warm-up also pays Triton's compilation). A point that would start
 past its share of `--budget-s` is skipped and recorded as such. Output per sweep: OUT/<sweep>/results.{json,csv}
 (points, frontier), frontier.csv, pareto.png, points/*.json; OUT/combined.{json,csv}; the combined table last.
+
+With `--trace FILE` every point replays the trace's first `--max-requests` requests (bench/trace.py: prompts
+from hash_ids, trace order behind the cap, `--trace-scale`; C warm-up requests of their shapes) instead of
+random ISL/OSL prompts; max_position_embeddings becomes `--max-pos` (default 196608: the traces' longest
+prompts), the draft shares the target's KV pages (`draft_kv=shared`: prefix caching stays on with speculation),
+and the table adds TTFT p50/p99, E2E-normalized interactivity P90 and the prefix hit rate reached / possible.
 """
 
 from __future__ import annotations
@@ -62,19 +70,24 @@ class Settings:
     max_pos: int
     spec_graphs: bool = False  # capture graphs for the eagle3 sweep too (once the engine supports it)
     sweeps: tuple[str, ...] = ("plain", "eagle3")
+    trace: str | None = None  # replay this trace's window instead of random prompts
+    max_requests: int = 64
+    trace_scale: float = 1.0
 
 
 def gpu_settings(args) -> Settings:
+    max_pos = args.max_pos or (196608 if args.trace else 4096)
     return Settings(M3Shapes(), args.layers, "cuda", "bfloat16", "fp8", tuple(args.concurrency), 1024, 256,
-                    args.synthetic_acceptance, args.draft_len, args.budget_s, 4096, args.spec_graphs,
-                    tuple(args.sweeps))
+                    args.synthetic_acceptance, args.draft_len, args.budget_s, max_pos, args.spec_graphs,
+                    tuple(args.sweeps), args.trace, args.max_requests, args.trace_scale)
 
 
 def cpu_settings(args) -> Settings:
     """Tiny shapes (vocab 4096, above the 2048-id tokenizer's), page 128 as on the GPU, bf16 KV."""
     shapes = replace(TINY, page=128, vocab=4096)
     return Settings(shapes, 4, "cpu", "float32", "bf16", (1, 2), 32, 8, args.synthetic_acceptance, args.draft_len,
-                    args.budget_s, 512, sweeps=tuple(args.sweeps))
+                    args.budget_s, args.max_pos or 512, sweeps=tuple(args.sweeps), trace=args.trace,
+                    max_requests=args.max_requests, trace_scale=args.trace_scale)
 
 
 # ---- model files ------------------------------------------------------------------------------
@@ -122,28 +135,38 @@ def counts(concurrency: int) -> tuple[int, int]:
 
 
 def engine_options(st: Settings, target: Path, draft: Path | None):
-    from m3bench.bench.engine_options import EngineOptions
+    from m3bench.runtime.engine_config import EngineConfig
 
-    spec = {} if draft is None else dict(draft_dir=str(draft), draft_len=st.draft_len,
-                                         synthetic_acceptance=st.synthetic_al)
-    return EngineOptions(str(target), load_format="dummy", device=st.device, dtype=st.dtype,
-                         kv_cache_dtype=st.kv_cache_dtype, max_batch_size=max(st.concurrencies),
-                         cuda_graphs=st.device == "cuda" and (draft is None or st.spec_graphs), **spec)
+    spec = {} if draft is None else dict(draft=draft, draft_len=st.draft_len, synthetic_acceptance=st.synthetic_al,
+                                         draft_kv="shared" if st.trace else "separate")
+    return EngineConfig(target, load_format="dummy", device=st.device, dtype=st.dtype,
+                        kv_cache_dtype=st.kv_cache_dtype, max_batch_size=max(st.concurrencies),
+                        cuda_graphs=st.device == "cuda" and (draft is None or st.spec_graphs), **spec)
 
 
 def point_config(base, concurrency: int):
     warm, n = counts(concurrency)
+    if base.trace is not None:  # a trace replays its whole window
+        return replace(base, concurrencies=(concurrency,), warmup=warm)
     return replace(base, concurrencies=(concurrency,), num_prompts=n, warmup=warm)
+
+
+def point_key(base, st: Settings, concurrency: int):
+    from m3bench.bench.sweep import PointKey
+    from m3bench.bench.trace_replay import window_lengths
+
+    isl, osl = (st.isl, st.osl) if base is None or base.trace is None else window_lengths(base.trace)
+    return PointKey(1, concurrency, isl, osl)
 
 
 async def run_one_sweep(base, st: Settings, deadline_s: float) -> tuple[list[dict], list[dict]]:
     """(measured rows, skipped rows): one engine for every point, points in order, none started past the deadline."""
-    from m3bench.bench.sweep import PointKey, open_target, run_point
+    from m3bench.bench.sweep import open_target, run_point
 
     rows, skipped = [], []
     async with open_target(base, 1) as (target, tokenizer, scrape):
         for c in st.concurrencies:
-            key = PointKey(1, c, st.isl, st.osl)
+            key = point_key(base, st, c)
             if time.monotonic() >= deadline_s:
                 skipped.append({**asdict(key), "name": key.name, "skipped": True,
                                 "error": "skipped: past the --budget-s guard"})
@@ -161,9 +184,7 @@ async def run_one_sweep(base, st: Settings, deadline_s: float) -> tuple[list[dic
 
 
 def failed_row(st: Settings, concurrency: int, error: BaseException) -> dict:
-    from m3bench.bench.sweep import PointKey
-
-    key = PointKey(1, concurrency, st.isl, st.osl)
+    key = point_key(None, st, concurrency)
     return {**asdict(key), "name": key.name, "error": f"failed: {type(error).__name__}: {error}"[:300]}
 
 
@@ -206,8 +227,8 @@ def run_sweeps(st: Settings, out: Path, work: Path) -> dict[str, list[dict]]:
     results = {}
     for label, draft_dir, deadline in plans:
         base = SweepConfig(out_dir=out / label, engine=engine_options(st, target, draft_dir), lengths=((st.isl, st.osl),),
-                           concurrencies=st.concurrencies, seed=0)
-        print(f"sweep {label}: {json.dumps(asdict(base.engine))}", file=sys.stderr, flush=True)
+                           concurrencies=st.concurrencies, seed=0, trace=trace_spec(st))
+        print(f"sweep {label}: {json.dumps(base.engine.to_dict())}", file=sys.stderr, flush=True)
         try:
             rows, skipped = asyncio.run(run_one_sweep(base, st, deadline))
         except Exception as e:  # one sweep's failure (engine build, OOM) must not lose the other's figures
@@ -216,6 +237,14 @@ def run_sweeps(st: Settings, out: Path, work: Path) -> dict[str, list[dict]]:
         results[label] = write_outputs(out / label, base, rows, skipped)
         release_device(st.device)
     return results
+
+
+def trace_spec(st: Settings):
+    if st.trace is None:
+        return None
+    from m3bench.bench.trace import TraceSpec
+
+    return TraceSpec(Path(st.trace), 0, st.max_requests, st.trace_scale)
 
 
 def release_device(device: str) -> None:
@@ -260,7 +289,9 @@ def estimate_s(st: Settings) -> dict[str, float]:
 
 
 def combined_rows(results: dict[str, list[dict]]) -> list[dict]:
-    keys = ("tpot_ms_median", "tpot_ms_p90", "interactivity_x90", "total_tok_per_s_per_gpu", "spec_acceptance_length")
+    keys = ("tpot_ms_median", "tpot_ms_p90", "interactivity_x90", "total_tok_per_s_per_gpu", "spec_acceptance_length",
+            "ttft_ms_median", "ttft_ms_p99", "interactivity_e2e_p90", "prefix_cache_hit_rate",
+            "prefix_hit_rate_possible", "num_skipped_too_long")
     return [{"sweep": label, "concurrency": r["concurrency"], "status": r.get("error", "ok"),
              **{k: r.get(k) for k in keys}} for label, rows in results.items() for r in rows]
 
@@ -277,7 +308,16 @@ def print_table(rows: list[dict], st: Settings) -> None:
             continue
         al = "-" if r["spec_acceptance_length"] is None else f"{r['spec_acceptance_length']:.2f}"
         print(f"{r['sweep']:>7} {r['concurrency']:>4} {r['tpot_ms_median']:>12.2f} {r['tpot_ms_p90']:>12.2f} "
-              f"{r['interactivity_x90']:>8.1f} {r['total_tok_per_s_per_gpu']:>10.0f} {al:>5}")
+              f"{r['interactivity_x90']:>8.1f} {r['total_tok_per_s_per_gpu']:>10.0f} {al:>5}" + _trace_cols(r, st))
+
+
+def _trace_cols(r: dict, st: Settings) -> str:
+    """TTFT p50 / p99 ms, E2E-normalized interactivity P90, prefix hit reached / possible, skipped (trace only)."""
+    if st.trace is None:
+        return ""
+    hit = "-" if r["prefix_cache_hit_rate"] is None else f"{r['prefix_cache_hit_rate']:.3f}"
+    return (f"  TTFT {r['ttft_ms_median']:.0f}/{r['ttft_ms_p99']:.0f} ms  e2e-P90 {r['interactivity_e2e_p90']:.1f}"
+            f"  prefix {hit}/{r['prefix_hit_rate_possible']:.3f}  skipped {r['num_skipped_too_long']}")
 
 
 def parse_args(argv=None):
@@ -292,6 +332,11 @@ def parse_args(argv=None):
     p.add_argument("--spec-graphs", action="store_true", help="CUDA graphs for the eagle3 sweep too (when supported).")
     p.add_argument("--sweeps", nargs="+", choices=("plain", "eagle3"), default=["plain", "eagle3"],
                    help="Which sweeps to run (one alone gets the whole --budget-s).")
+    p.add_argument("--trace", default=None, help="Replay this Mooncake trace's first --max-requests requests.")
+    p.add_argument("--max-requests", type=int, default=64)
+    p.add_argument("--trace-scale", type=float, default=1.0, help="Trace block size (512) and lengths times F.")
+    p.add_argument("--max-pos", type=int, default=None, help="max_position_embeddings of the target config "
+                   "(default 4096; 196608 with --trace; CPU 512).")
     return p.parse_args(argv)
 
 

@@ -114,15 +114,12 @@ def provenance(device: str | None, engine: dict[str, Any], model_dir: Path | Non
 
 
 def sweep_provenance(cfg: Any) -> dict[str, Any]:
-    """Provenance of a sweep (a bench.sweep.SweepConfig): the bundled engine's options, or the external server."""
-    import dataclasses
-
+    """Provenance of a sweep (a bench.sweep.SweepConfig): the bundled engine's config, or the external server."""
     engine = cfg.engine
-    options = dataclasses.asdict(engine) if engine is not None else {"base_url": cfg.base_url,
-                                                                       "served_model": cfg.served_model}
+    options = engine.to_dict() if engine is not None else {"base_url": cfg.base_url, "served_model": cfg.served_model}
     path = cfg.dataset_path
     data = {"dataset": getattr(cfg.dataset, "value", cfg.dataset), "path": None if path is None else str(path),
             "sha256": _sha256_file(Path(path)) if path is not None and Path(path).is_file() else None}
     seeds = {"sweep": cfg.seed, "engine": None if engine is None else engine.seed}
-    model_dir = None if engine is None else Path(engine.model_dir)
-    return provenance(None if engine is None else engine.device, options, model_dir, data, seeds)
+    model_dir = None if engine is None or engine.model is None else Path(engine.model)
+    return provenance(None if engine is None else str(engine.device), options, model_dir, data, seeds)

@@ -109,5 +109,5 @@ def test_sweep_results_json_has_provenance(ckpt, tmp_path):
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     p = json.loads((out / "results.json").read_text())["config"]["provenance"]
-    assert p["software"]["m3bench"] and p["engine"]["model_dir"] == str(ckpt) and p["engine"]["load_format"] == "dummy"
+    assert p["software"]["m3bench"] and p["engine"]["model"] == str(ckpt) and p["engine"]["load_format"] == "dummy"
     assert p["weights"]["sha256"] and p["seeds"] == {"sweep": 0, "engine": 0} and p["data"]["dataset"] == "random"

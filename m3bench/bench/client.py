@@ -13,6 +13,7 @@ Requests go out in order; with a finite `request_rate` the gaps are gamma distri
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import time
@@ -103,10 +104,16 @@ async def run_load(
     request_rate: float = math.inf,
     burstiness: float = 1.0,
     seed: int = 0,
+    arrivals_s: Sequence[float] | None = None,
 ) -> LoadResult:
-    """Send every prompt (paced by the arrival process) with at most `concurrency` in flight."""
+    """Send every prompt (paced by the arrival process, or at `arrivals_s`: offsets from the start, e.g. a
+    trace's timestamps) with at most `concurrency` in flight (a request due while the cap is full waits)."""
     if concurrency < 1:
         raise InputError(f"concurrency must be >= 1, got {concurrency}")
+    if arrivals_s is None:
+        arrivals_s = np.cumsum(arrival_gaps_s(len(prompts), request_rate, burstiness, seed)).tolist()
+    if len(arrivals_s) != len(prompts):
+        raise InputError(f"{len(arrivals_s)} arrival times for {len(prompts)} prompts")
     cap = asyncio.Semaphore(concurrency)
 
     async def one(prompt: WorkloadPrompt) -> RequestRecord:
@@ -115,9 +122,10 @@ async def run_load(
 
     start_s = time.perf_counter()
     tasks = []
-    for gap_s, prompt in zip(arrival_gaps_s(len(prompts), request_rate, burstiness, seed), prompts):
-        if gap_s > 0:
-            await asyncio.sleep(gap_s)
+    for due_s, prompt in zip(arrivals_s, prompts):
+        wait_s = start_s + due_s - time.perf_counter()
+        if wait_s > 0:
+            await asyncio.sleep(wait_s)
         tasks.append(asyncio.create_task(one(prompt)))
     records = await asyncio.gather(*tasks)
     return LoadResult(tuple(records), time.perf_counter() - start_s)
@@ -170,6 +178,7 @@ class EngineTarget:
     def __init__(self, engine: Any, temperature: float = 0.0) -> None:
         self.engine = engine
         self.temperature = temperature
+        self.step_clock = engine.llm.clock  # the engine's own step timing (runtime/step_timing.py)
 
     async def stream(self, prompt: WorkloadPrompt) -> AsyncIterator[Chunk]:
         from m3bench.runtime import SamplingParams
@@ -183,6 +192,10 @@ class EngineTarget:
             if n:
                 yield Chunk(num_tokens=n, text=delta.text)
         yield Chunk(prompt_tokens=prompt.prompt_len, output_tokens=output)
+
+    async def max_model_len(self) -> int | None:
+        """The engine's context length (prompt + output)."""
+        return getattr(getattr(self.engine, "llm", None), "max_model_len", None)
 
     async def close(self) -> None:
         return None
@@ -202,6 +215,7 @@ class OpenAITarget:
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.send_text, self.token_ids_ext, self.temperature = send_text, token_ids_ext, temperature
         self._session = None
+        self.step_clock = None  # a server's engine steps are not seen from here
 
     async def _client(self):
         import aiohttp
@@ -219,6 +233,36 @@ class OpenAITarget:
             if resp.status != 200:
                 raise InputError(f"{self.base_url}/models answered {resp.status}: {body[:ERROR_BODY_CHARS]}")
             return json.loads(body)["data"][0]["id"]
+
+    async def max_model_len(self) -> int | None:
+        """`max_model_len` of the served model in /v1/models (vLLM, m3bench serve); None when not said."""
+        async with self._reached():
+            session = await self._client()
+            async with session.get(f"{self.base_url}/models", headers=self.headers) as resp:
+                doc = await resp.json(content_type=None) if resp.status == 200 else {}
+        models = doc.get("data") or []
+        mine = [m for m in models if m.get("id") == self.model] or models[:1]
+        value = mine[0].get("max_model_len") if mine else None
+        return int(value) if isinstance(value, int) and value > 0 else None
+
+    async def accepts_token_ids(self, token_ids: Sequence[int]) -> bool:
+        """Whether /v1/completions takes a list of token ids as `prompt` (one 1-token request)."""
+        async with self._reached():
+            session = await self._client()
+            body = {"model": self.model, "prompt": list(token_ids), "max_tokens": 1, "temperature": 0.0}
+            async with session.post(f"{self.base_url}/completions", json=body, headers=self.headers) as resp:
+                await resp.read()
+                return resp.status == 200
+
+    @contextlib.asynccontextmanager
+    async def _reached(self):
+        """A server that cannot be reached (or answers garbage) is bad input: one line, exit 2."""
+        import aiohttp
+
+        try:
+            yield
+        except (aiohttp.ClientError, json.JSONDecodeError, OSError) as e:
+            raise InputError(f"cannot query {self.base_url}: {type(e).__name__}: {e}"[:ERROR_BODY_CHARS]) from None
 
     def _payload(self, prompt: WorkloadPrompt) -> dict:
         body = {

@@ -9,8 +9,21 @@ Per request, client side, streaming:
 Over the run (wall time `duration_s` of the measured window): request/s, output tok/s,
 total (prompt + output) tok/s, total tok/s per GPU (= / tp), goodput (requests meeting every SLO
 per second). Interactivity (tok/s/user, InferenceX): median = 1000 / median TPOT_ms,
-x90 = 1000 / P90 TPOT_ms. Percentiles are numpy's linear ones, std is the population std (as vLLM).
+x90 = 1000 / P90 TPOT_ms; E2E-normalized interactivity at P90 (InferenceX AgentX / AIPerf) =
+1 / P90_i(E2EL_i / OSL_i), E2EL in seconds, OSL the request's output tokens (the slow tail of whole
+requests, prefill and queueing included). Prefix cache: hit rate = prompt tokens served from the
+cache / prompt tokens looked up (the engine's counters over the window); its trace bounds are
+`trace_block_reuse` (blocks whose id was seen earlier in the window / all blocks: the trace's
+figure) and `possible_prefix_hits` (what an unbounded prefix cache of whole pages could serve,
+replayed in trace order: the figure a reached hit rate is held against).
+Percentiles are numpy's linear ones, std is the population std (as vLLM).
 Failed requests are counted in `num_failed` and never averaged in. An empty sample raises.
+
+Engine side, in-process only (`compute_host_timing`, from the engine's own StepRecords of the window):
+- host ms per engine step: (step wall time - its forward time) x 1000, median and P90 over the steps;
+  forward = the model's forward passes and logits (target and draft; runtime/step_timing.py).
+- device idle share: 1 - (sum of the steps' forward time) / window wall time, in [0, 1]: the share of the
+  measured window in which no forward ran (between steps, and during each step's host work).
 """
 
 from __future__ import annotations
@@ -20,8 +33,10 @@ from typing import Sequence
 
 import numpy as np
 
-from m3bench.bench.records import RequestRecord, Slo, SpecCounters
+from m3bench.bench.records import PrefixCounters, RequestRecord, Slo, SpecCounters
+from m3bench.bench.trace import TraceRequest
 from m3bench.runtime.errors import InputError
+from m3bench.runtime.step_timing import StepRecord
 
 
 class EmptySampleError(InputError):
@@ -78,8 +93,10 @@ class ServingMetrics:
     total_tok_per_s_per_gpu: float
     interactivity_median: float  # tok/s/user = 1000 / median TPOT_ms
     interactivity_x90: float  # tok/s/user = 1000 / P90 TPOT_ms
+    interactivity_e2e_p90: float  # tok/s/user = 1 / P90 (E2EL_s / output tokens)
     goodput_req_per_s: float | None  # None when no SLO was given
     spec: SpecMetrics | None  # None when speculation did not run
+    prefix_cache_hit_rate: float | None = None  # None when the target exports no prefix-cache counters
 
     def to_flat_dict(self) -> dict:
         """One level of keys (`ttft_ms_p90`, `spec_acceptance_length`, ...), for CSV rows."""
@@ -98,6 +115,7 @@ def compute_metrics(
     tp: int = 1,
     slo: Slo | None = None,
     spec: SpecCounters | None = None,
+    prefix: PrefixCounters | None = None,
 ) -> ServingMetrics:
     """All serving figures of one run from its raw records (definitions in the module docstring)."""
     if duration_s <= 0:
@@ -132,9 +150,60 @@ def compute_metrics(
         total_tok_per_s_per_gpu=total_per_s / tp,
         interactivity_median=1000.0 / tpot_stats.median,
         interactivity_x90=1000.0 / tpot_stats.p90,
+        interactivity_e2e_p90=e2e_interactivity_p90(done),
         goodput_req_per_s=None if slo is None else _goodput(done, slo) / duration_s,
         spec=None if spec is None else spec_metrics(spec),
+        prefix_cache_hit_rate=prefix_hit_rate(prefix),
     )
+
+
+def e2e_interactivity_p90(done: Sequence[RequestRecord]) -> float:
+    """1 / P90_i(E2EL_i / OSL_i) in tok/s/user (E2EL in seconds), over completed requests."""
+    per_token_s = [(r.chunk_times_s[-1] - r.send_time_s) / r.output_tokens for r in done]
+    p90 = Stats.of(per_token_s, "E2EL / OSL").p90
+    if p90 <= 0:
+        raise EmptySampleError("E2EL is 0: E2E-normalized interactivity is undefined")
+    return 1.0 / p90
+
+
+def prefix_hit_rate(c: PrefixCounters | None) -> float | None:
+    """Prompt tokens served by the prefix cache / prompt tokens looked up; None without counters or lookups."""
+    if c is None or c.queried_tokens <= 0:
+        return None
+    return c.hit_tokens / c.queried_tokens
+
+
+def trace_block_reuse(reqs: Sequence[TraceRequest]) -> float:
+    """Blocks whose hash id appeared in an earlier request of `reqs` / all blocks of `reqs`."""
+    seen: set[int] = set()
+    reused = total = 0
+    for r in reqs:
+        reused += sum(i in seen for i in r.hash_ids)
+        total += len(r.hash_ids)
+        seen.update(r.hash_ids)
+    if total == 0:
+        raise EmptySampleError("no trace blocks in the window")
+    return reused / total
+
+
+def possible_prefix_hits(reqs: Sequence[TraceRequest], block_tokens: int, page_tokens: int) -> PrefixCounters:
+    """Prompt tokens an unbounded prefix cache of `page_tokens`-token pages could serve, requests in order.
+
+    A page (tokens [p P, (p+1) P)) is cached once a request has held it full: its content is named by
+    the blocks it reaches into and where it ends. A request reuses its leading run of cached pages,
+    at most (n - 1) // P of them (one prompt token is always computed, for the next token's logits)."""
+    cached: set[tuple] = set()
+    hits = queried = 0
+    for r in reqs:
+        keys = [(r.hash_ids[:-(-(p + 1) * page_tokens // block_tokens)], (p + 1) * page_tokens)
+                for p in range(r.input_len // page_tokens)]
+        run = 0
+        while run < min(len(keys), (r.input_len - 1) // page_tokens) and keys[run] in cached:
+            run += 1
+        hits += run * page_tokens
+        queried += r.input_len
+        cached.update(keys)
+    return PrefixCounters(queried, hits)
 
 
 def _latencies_ms(done: Sequence[RequestRecord]) -> tuple[list[float], list[float], list[float], list[float]]:
@@ -195,3 +264,23 @@ def _accepted_histogram(drafts: int, pos: tuple[int, ...]) -> tuple[int, ...]:
         return ()
     at_least = (drafts, *pos, 0)
     return tuple(at_least[k] - at_least[k + 1] for k in range(len(pos) + 1))
+
+
+@dataclass(frozen=True)
+class HostTiming:
+    """Host work per engine step and the share of the window the device sat idle (module docstring)."""
+
+    engine_steps: int
+    host_ms_per_step_median: float
+    host_ms_per_step_p90: float
+    device_idle_share: float
+
+
+def compute_host_timing(steps: Sequence[StepRecord], window_s: float) -> HostTiming:
+    """The window's HostTiming; no step raises EmptySampleError. A step's host time is at least 0 (on CUDA an
+    overlapped step's device time can outlast its host wall time)."""
+    if window_s <= 0:
+        raise ValueError(f"window_s must be positive, got {window_s}")
+    host = Stats.of([max(s.step_s - s.forward_s, 0.0) * 1e3 for s in steps], "engine steps")
+    busy = sum(s.forward_s for s in steps)
+    return HostTiming(len(steps), host.median, host.p90, min(max(1.0 - busy / window_s, 0.0), 1.0))

@@ -1,5 +1,8 @@
 """The Pareto frontier of a sweep: interactivity (tok/s/user, x) against throughput per GPU (y).
 
+The x axis is a choice (`ParetoX`): x90 = 1000 / P90 TPOT_ms (the default), or E2E-normalized
+interactivity at P90 = 1 / P90(E2EL_s / OSL) (InferenceX AgentX's axis); definitions in bench/metrics.py.
+
 A point is on the frontier when no other point is at least as good on both axes and strictly
 better on one (weak ties on one axis do not keep a point that loses on the other). Both axes are
 "higher is better".
@@ -7,9 +10,25 @@ better on one (weak ties on one axis do not keep a point that loses on the other
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Callable, Sequence, TypeVar
 
 T = TypeVar("T")
+
+
+class ParetoX(str, Enum):
+    X90 = "x90"
+    E2E_P90 = "e2e-p90"
+
+    @property
+    def key(self) -> str:
+        """The result row's field of this axis."""
+        return {ParetoX.X90: "interactivity_x90", ParetoX.E2E_P90: "interactivity_e2e_p90"}[self]
+
+    @property
+    def label(self) -> str:
+        return {ParetoX.X90: "interactivity x90 = 1000 / P90 TPOT (tok/s/user)",
+                ParetoX.E2E_P90: "E2E-normalized interactivity P90 = 1 / P90(E2EL / OSL) (tok/s/user)"}[self]
 
 
 def dominates(a: tuple[float, float], b: tuple[float, float]) -> bool:

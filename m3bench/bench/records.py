@@ -77,6 +77,27 @@ class SpecCounters:
 
 
 @dataclass(frozen=True)
+class PrefixCounters:
+    """Prefix-cache counters (tokens): prompt tokens looked up at admission, and of those served from the cache."""
+
+    queried_tokens: int
+    hit_tokens: int
+
+    def minus(self, before: "PrefixCounters") -> "PrefixCounters":
+        return PrefixCounters(self.queried_tokens - before.queried_tokens, self.hit_tokens - before.hit_tokens)
+
+
+@dataclass(frozen=True)
+class EngineCounters:
+    """What a target's metrics say about a run: speculation and prefix-cache counters, and its KV page size
+    (each None when the target does not export it)."""
+
+    spec: SpecCounters | None = None
+    prefix: PrefixCounters | None = None
+    page_tokens: int | None = None
+
+
+@dataclass(frozen=True)
 class Slo:
     """Service-level objectives for goodput (vLLM `--goodput`): a request is good if it meets every one set."""
 

@@ -8,29 +8,42 @@ Extensions to the OpenAI schema (as vLLM spells them): `ignore_eos`, `top_k`, `m
 `return_token_ids` (each choice carries the ids of its new tokens), `chat_template_kwargs`.
 Completions with `echo` and `logprobs` score the echoed prompt as vLLM does (first token's logprob null;
 `max_tokens=0` scores the prompt only), which lm-eval's loglikelihood over the API needs.
-Every error is a 4xx/5xx JSON `{"error": {"message", "type", "code"}}`; a client that disconnects
-aborts its request, which frees its KV pages.
+Every error is a 4xx/5xx JSON `{"error": {"message", "type", "param", "code"}}` (server_errors.py; a 500
+never carries the exception text); a client that disconnects aborts its request, which frees its KV pages.
+Bounds: MAX_PROMPTS per request, MAX_STOP strings of MAX_STOP_CHARS, 64-bit seeds, JSON depth.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Literal, Union
+from typing import Annotated, Any, AsyncIterator, Literal, Union
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from m3bench.bench.server_errors import ApiError, error_body, install_error_handlers, internal_error_body, parse_json_body
 from m3bench.runtime.async_llm import EngineDead
 from m3bench.runtime.errors import InputError
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_LOGPROBS = 20
 DISCONNECT_POLL_S = 0.25
+MAX_PROMPTS = 256  # prompts in one completions request
+MAX_STOP = 16  # stop strings (OpenAI allows 4)
+MAX_STOP_CHARS = 256
+MAX_STOP_TOKEN_IDS = 64
+MAX_INT32 = 2**31 - 1  # token counts, top_k
+
+Count = Annotated[int, Field(ge=0, le=MAX_INT32)]
+StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
+TokenId = Annotated[int, Field(ge=0, le=MAX_INT32)]
+Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]  # what torch.Generator.manual_seed takes
 
 
 @dataclass(frozen=True)
@@ -40,17 +53,11 @@ class ServerConfig:
     api_key: str | None = None
 
 
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, kind: str = "BadRequestError") -> None:
-        super().__init__(message)
-        self.status, self.message, self.kind = status, message, kind
-
-
 # ---- request schemas (unknown fields are an error, not silently dropped) --------------------------
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # "yes" is not a bool, "5" not an int
 
 
 class StreamOptions(_Strict):
@@ -60,14 +67,14 @@ class StreamOptions(_Strict):
 
 class _Sampling(_Strict):
     model: str
-    max_tokens: int | None = Field(default=None, ge=0)
+    max_tokens: Count | None = None
     temperature: float = Field(default=1.0, ge=0.0, le=100.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=0)
-    min_tokens: int = Field(default=0, ge=0)
-    stop: Union[str, list[str], None] = None
-    stop_token_ids: list[int] | None = None
-    seed: int | None = None
+    top_k: Count = 0
+    min_tokens: Count = 0
+    stop: Union[StopString, Annotated[list[StopString], Field(max_length=MAX_STOP)], None] = None
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
+    seed: Seed | None = None
     n: Literal[1] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -79,21 +86,28 @@ class _Sampling(_Strict):
 
 
 class CompletionRequest(_Sampling):
-    prompt: Union[str, list[int], list[str], list[list[int]]]
+    prompt: Union[str, list[TokenId], Annotated[list[str], Field(max_length=MAX_PROMPTS)],
+                  Annotated[list[list[TokenId]], Field(max_length=MAX_PROMPTS)]]
     echo: bool = False
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
-    max_tokens: int | None = Field(default=16, ge=0)  # OpenAI's default for completions
+    max_tokens: Count | None = 16  # OpenAI's default for completions
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")  # image_url, ...: parts other than text are dropped
+    type: str = "text"
+    text: str | None = None
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")  # name, tool_calls, ... are passed to the template
     role: str
-    content: Union[str, list[dict[str, Any]], None] = None
+    content: Union[str, list[ContentPart], None] = None
 
 
 class ChatRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=0)
+    max_completion_tokens: Count | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     chat_template_kwargs: dict[str, Any] | None = None
@@ -114,13 +128,7 @@ def create_app(engine: Any, cfg: ServerConfig):
 
     api = APIRouter(dependencies=[Depends(require_key)])
 
-    @app.exception_handler(ApiError)
-    async def api_error(_: Request, e: ApiError):
-        return _error_response(e)
-
-    @app.exception_handler(Exception)
-    async def internal_error(_: Request, e: Exception):
-        return _error_response(ApiError(500, f"{type(e).__name__}: {e}", "InternalServerError"))
+    install_error_handlers(app)
 
     @app.get("/health")
     async def health():
@@ -161,23 +169,17 @@ def create_app(engine: Any, cfg: ServerConfig):
 def _authorized(request: Any, api_key: str | None) -> bool:
     if not api_key:
         return True
-    return request.headers.get("authorization", "") == f"Bearer {api_key}"
-
-
-def _error_response(e: ApiError):
-    body = {"error": {"message": e.message, "type": e.kind, "param": None, "code": e.status}}
-    return JSONResponse(body, status_code=e.status)
+    sent = request.headers.get("authorization", "").encode("utf-8", "surrogateescape")
+    return hmac.compare_digest(sent, f"Bearer {api_key}".encode())  # constant time: no timing oracle on the key
 
 
 async def _parse(request: Any, schema: type[BaseModel], cfg: ServerConfig) -> Any:
     """Body -> schema, or a 4xx: too large (413), not JSON / not the schema (400), unknown model (404)."""
-    raw = await _read_body(request)
+    body = parse_json_body(await _read_body(request))
     try:
-        req = schema.model_validate(json.loads(raw))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ApiError(400, f"body is not JSON: {e}") from e
+        req = schema.model_validate(body)
     except ValidationError as e:
-        raise ApiError(400, _validation_message(e)) from e
+        raise ApiError(400, _validation_message(e), param=_first_param(e)) from e
     if req.model != cfg.model_name:
         raise ApiError(404, f"The model `{req.model}` does not exist (serving `{cfg.model_name}`).", "NotFoundError")
     return req
@@ -201,6 +203,11 @@ async def _read_body(request: Any) -> bytes:
 def _validation_message(e: ValidationError) -> str:
     parts = [f"{'.'.join(str(x) for x in err['loc']) or 'body'}: {err['msg']}" for err in e.errors()[:5]]
     return "invalid request: " + "; ".join(parts)
+
+
+def _first_param(e: ValidationError) -> str | None:
+    errors = e.errors()
+    return str(errors[0]["loc"][0]) if errors and errors[0]["loc"] else None
 
 
 async def _unless_disconnected(request: Any, work: Any) -> Any:
@@ -297,7 +304,7 @@ def _plain_message(m: ChatMessage) -> dict:
     """A message for the template: list-of-parts content joined into its text parts."""
     out = m.model_dump(exclude_none=True)
     if isinstance(m.content, list):
-        out["content"] = "".join(p.get("text", "") for p in m.content if p.get("type", "text") == "text")
+        out["content"] = "".join(p.text or "" for p in m.content if p.type == "text")
     return out
 
 
@@ -452,10 +459,10 @@ class _Job:
                 yield _sse(self._envelope([], self._usage(sent), chunk=True))
         except InputError as e:
             self.state.counters.failed += 1
-            yield _sse({"error": {"message": str(e), "type": "BadRequestError", "code": 400}})
-        except Exception as e:  # headers are gone: the error travels in the stream
+            yield _sse(error_body(400, str(e)))
+        except Exception as e:  # headers are gone: the error travels in the stream (its text only in the log)
             self.state.counters.failed += 1
-            yield _sse({"error": {"message": f"{type(e).__name__}: {e}", "type": "InternalServerError", "code": 500}})
+            yield _sse(internal_error_body(e))
         yield "data: [DONE]\n\n"
 
     def _stream_choice(self, d: Any, offset: int) -> dict:
@@ -498,6 +505,9 @@ def prometheus_text(stats: Any, state: _State) -> str:
         ("counter", "request_abort_total", "Requests aborted (client gone)", stats.requests_aborted_total),
         ("counter", "prompt_tokens_total", "Prompt tokens admitted", stats.prompt_tokens_total),
         ("counter", "generation_tokens_total", "Tokens generated", stats.generation_tokens_total),
+        ("counter", "prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache",
+         stats.prefix_queried_tokens),
+        ("counter", "prefix_cache_hits_total", "Prompt tokens served by the prefix cache", stats.prefix_hit_tokens),
         ("counter", "spec_decode_num_drafts_total", "Verify steps with a draft", stats.spec_drafts),
         ("counter", "spec_decode_num_draft_tokens_total", "Draft tokens proposed", stats.spec_draft_tokens),
         ("counter", "spec_decode_num_accepted_tokens_total", "Draft tokens accepted", stats.spec_accepted_tokens),
@@ -505,6 +515,9 @@ def prometheus_text(stats: Any, state: _State) -> str:
     lines = []
     for kind, name, help_text, value in rows:
         lines += [f"# HELP {PREFIX}{name} {help_text}", f"# TYPE {PREFIX}{name} {kind}", f"{PREFIX}{name} {value}"]
+    info = f"{PREFIX}cache_config_info"  # vLLM's info metric: the KV page size in a label
+    lines += [f"# HELP {info} KV cache configuration", f"# TYPE {info} gauge",
+              f'{info}{{block_size="{stats.page_tokens}",enable_prefix_caching="{stats.prefix_caching}"}} 1']
     per_pos = f"{PREFIX}spec_decode_num_accepted_tokens_per_pos_total"
     lines += [f"# HELP {per_pos} Draft tokens accepted at each position", f"# TYPE {per_pos} counter"]
     lines += [f'{per_pos}{{position="{k}"}} {v}' for k, v in enumerate(stats.spec_accepted_per_pos)]

@@ -38,6 +38,7 @@ class DatasetKind(str, Enum):
     RANDOM = "random"
     GSM8K = "gsm8k"
     JSONL = "jsonl"
+    TRACE = "trace"  # a Mooncake / AIPerf mooncake_trace file (bench/trace.py)
 
 
 DEFAULT_RATIO = {RangeKind.INFERENCEX: 0.8, RangeKind.VLLM: 0.0}
@@ -88,14 +89,14 @@ def random_prompts(
     if isl < 1 or osl < 1 or num < 1:
         raise InputError(f"isl, osl and the number of prompts must be >= 1 (got {isl}, {osl}, {num})")
     rng = np.random.default_rng(seed)
-    vocab = _plain_vocab(tokenizer)
+    vocab = plain_vocab(tokenizer)
     in_lens, out_lens = lengths.draw(isl, num, rng), lengths.draw(osl, num, rng)
     ids = stable_token_ids(tokenizer, in_lens, vocab, rng)
     texts = tokenizer.batch_decode(ids)
     return [WorkloadPrompt(tuple(i), t, n_out) for i, t, n_out in zip(ids, texts, out_lens)]
 
 
-def _plain_vocab(tokenizer: Tokenizer) -> np.ndarray:
+def plain_vocab(tokenizer: Tokenizer) -> np.ndarray:
     """Every id but the special ones (BOS, EOS, chat markers, added tokens)."""
     size = len(tokenizer) if hasattr(tokenizer, "__len__") else tokenizer.vocab_size
     special = set(getattr(tokenizer, "all_special_ids", []) or [])
@@ -167,13 +168,14 @@ def _jsonl_texts(path: Path | None) -> list[str]:
     texts = []
     for n, line in enumerate(Path(path).read_text(encoding="utf-8").split("\n"), 1):
         if line.strip():
-            texts.append(_text_of(_json_line(line, path, n), path, n))
+            texts.append(_text_of(json_object_line(line, path, n), path, n))
     if not texts:
         raise InputError(f"--dataset {path}: no prompts")
     return texts
 
 
-def _json_line(line: str, path: Path, n: int) -> dict:
+def json_object_line(line: str, path: Path, n: int) -> dict:
+    """Line `n` of a JSON-lines file as a dict; InputError `path:n: ...` when it is not a JSON object."""
     try:
         row = json.loads(line)
     except json.JSONDecodeError as e:

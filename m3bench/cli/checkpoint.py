@@ -87,9 +87,9 @@ def _texts(path: Path, field: str, n: int) -> list[str]:
     """The `field` text of the first n rows of a JSON-lines file."""
     from m3bench.evals.datasets import parse_jsonl
 
-    if not path.is_file():
-        raise M3BenchError(f"--prompts-file {path} does not exist")
-    rows = parse_jsonl(path.read_text(encoding="utf-8"), str(path))[:n]
+    from m3bench.cli.validate import text_file
+
+    rows = parse_jsonl(text_file(path, "--prompts-file"), str(path))[:n]
     if not rows:
         raise M3BenchError(f"{path} has no rows")
     for i, row in enumerate(rows):

@@ -13,38 +13,14 @@ from __future__ import annotations
 
 import json
 import sys
-from enum import Enum
 from pathlib import Path
 from typing import Optional
 
 import typer
 
+from m3bench.cli import validate
+from m3bench.cli.engine_flags import ENGINE, EngineFlags, engine_flags
 from m3bench.cli.errors import M3BenchError, user_errors
-
-
-class LoadFormatChoice(str, Enum):  # mirrors runtime.llm.LoadFormat without importing torch at start-up
-    AUTO = "auto"
-    DUMMY = "dummy"
-
-
-class KVChoice(str, Enum):  # mirrors runtime.kv_cache.KVDtype
-    AUTO = "auto"
-    BF16 = "bf16"
-    FP8 = "fp8"
-    NVFP4 = "nvfp4"
-    HYBRID = "hybrid"
-
-
-class DraftKVChoice(str, Enum):  # mirrors runtime.speculative.config.DraftKVLayout
-    SEPARATE = "separate"
-    SHARED = "shared"
-
-
-class DtypeChoice(str, Enum):
-    AUTO = "auto"  # bfloat16 on CUDA, float32 on CPU
-    FLOAT32 = "float32"
-    BFLOAT16 = "bfloat16"
-    FLOAT16 = "float16"
 
 
 def parse_prompt_ids(text: str) -> list[int]:
@@ -55,6 +31,7 @@ def parse_prompt_ids(text: str) -> list[int]:
     return [int(p) for p in parts]
 
 
+@engine_flags
 def generate(
     model: Path = typer.Option(..., "--model", help="Checkpoint directory (with --load-format dummy: one holding config.json)."),
     prompt: Optional[list[str]] = typer.Option(None, "--prompt", help="Prompt text (repeatable)."),
@@ -67,15 +44,7 @@ def generate(
     seed: Optional[int] = typer.Option(None, "--seed", help="Per-request sampling seed (reproducible runs)."),
     logprobs: Optional[int] = typer.Option(None, "--logprobs", min=0, help="Also report the top N logprobs per token."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per prompt on stdout."),
-    load_format: LoadFormatChoice = typer.Option(LoadFormatChoice.AUTO, "--load-format", help="auto: the checkpoint's weights; dummy: random."),
-    kv_cache_dtype: KVChoice = typer.Option(KVChoice.AUTO, "--kv-cache-dtype", help="KV cache storage (auto: the model dtype)."),
-    tokens_per_block: int = typer.Option(128, "--tokens-per-block", min=1, help="Tokens per KV page."),
-    device: str = typer.Option("cpu", "--device", help="cpu, cuda, cuda:1, ..."),
-    dtype: DtypeChoice = typer.Option(DtypeChoice.AUTO, "--dtype", help="Compute dtype."),
-    draft: Optional[Path] = typer.Option(None, "--draft", help="Eagle3 draft checkpoint: speculative decoding."),
-    draft_len: int = typer.Option(3, "--draft-len", min=1, max=15, help="Draft tokens verified per step."),
-    draft_kv: DraftKVChoice = typer.Option(DraftKVChoice.SEPARATE, "--draft-kv", help="Draft KV layout."),
-    tp: int = typer.Option(1, "--tp", min=1, help="Tensor-parallel size: ranks (GPUs, or CPU processes) of one model."),
+    engine: EngineFlags = ENGINE,
 ) -> None:
     """Generate continuations of --prompt / --prompt-ids with m3bench's engine."""
     run_generate(**locals())
@@ -83,34 +52,36 @@ def generate(
 
 @user_errors
 def run_generate(model: Path, prompt, prompt_ids, chat: bool, max_tokens: int, temperature: float, top_p: float,
-                 top_k: int, seed, logprobs, as_json: bool, load_format: LoadFormatChoice, kv_cache_dtype: KVChoice,
-                 tokens_per_block: int, device: str, dtype: DtypeChoice, draft: Path | None = None, draft_len: int = 3,
-                 draft_kv: DraftKVChoice = DraftKVChoice.SEPARATE, tp: int = 1) -> None:
+                 top_k: int, seed, logprobs, as_json: bool, engine: EngineFlags = ENGINE) -> None:
+    cfg = engine.config(model, seed=seed or 0)  # bad engine flags: exit 2 before anything loads
     prompts = _prompts(prompt or [], prompt_ids or [], chat)
+    validate.finite(temperature, "--temperature")
+    validate.finite(top_p, "--top-p")
     if not model.is_dir():
         raise M3BenchError(f"model directory {model} does not exist")
     from m3bench.runtime.llm import LLM, SamplingParams
 
-    llm = LLM(model, device=device, dtype=_dtype(dtype, device), kv_cache_dtype=kv_cache_dtype.value,
-              tokens_per_block=tokens_per_block, load_format=load_format.value, seed=seed or 0,
-              tensor_parallel_size=tp, **_spec_kwargs(draft, draft_len, draft_kv))
+    llm = LLM.from_config(cfg)
     if chat:
         prompts = [llm.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
+    _check_against_model(llm, prompts, max_tokens, logprobs)
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                             logprobs=logprobs or 0)
     for out in llm.generate(prompts, params):
         _print(out, as_json, logprobs)
-    if draft is not None:
+    if cfg.draft is not None:
         _print_acceptance(llm)
     llm.shutdown()  # tensor-parallel workers (also stopped at exit, or on an error)
 
 
-def _spec_kwargs(draft: Path | None, draft_len: int, draft_kv: DraftKVChoice) -> dict:
-    if draft is None:
-        return {}
-    if not draft.is_dir():
-        raise M3BenchError(f"draft directory {draft} does not exist")
-    return {"speculative_model": draft, "draft_len": draft_len, "draft_kv": draft_kv.value}
+def _check_against_model(llm, prompts: list, max_tokens: int, logprobs: int | None) -> None:
+    """--logprobs within the vocabulary, each prompt plus --max-tokens within the context (before any step)."""
+    vocab = llm.config.vocab_size
+    if logprobs is not None and logprobs > vocab:
+        raise M3BenchError(f"--logprobs {logprobs} exceeds the vocabulary of {vocab} tokens")
+    for p in prompts:
+        n = len(p) if isinstance(p, list) else len(llm.tokenizer.encode(p)) if llm.tokenizer is not None else 1
+        validate.context_fits(n, max_tokens, llm.max_model_len)
 
 
 def _print_acceptance(llm) -> None:
@@ -133,13 +104,9 @@ def _prompts(texts: list[str], id_lists: list[str], chat: bool) -> list:
         raise M3BenchError("give at least one --prompt or --prompt-ids")
     if chat and id_lists:
         raise M3BenchError("--chat applies to --prompt text, not --prompt-ids")
+    if any(not t for t in texts):
+        raise M3BenchError("--prompt is empty: give some text")
     return [*texts, *(parse_prompt_ids(s) for s in id_lists)]
-
-
-def _dtype(choice: DtypeChoice, device: str) -> str:
-    if choice is DtypeChoice.AUTO:
-        return "bfloat16" if device.startswith("cuda") else "float32"
-    return choice.value
 
 
 def _print(out, as_json: bool, top_n: int | None) -> None:

@@ -19,20 +19,18 @@ from typing import Any, Optional
 
 import typer
 
+from m3bench.cli import validate
+from m3bench.cli.engine_flags import ENGINE, EngineFlags, engine_flags
 from m3bench.cli.errors import M3BenchError, user_errors
+from m3bench.runtime.engine_config import EngineConfig
 
 
 @dataclass(frozen=True)
 class LmEvalRun:
-    model: Path
+    engine: EngineConfig  # its model: the checkpoint directory
     tasks: tuple[str, ...]
     limit: float | None = None
     num_fewshot: int | None = None
-    batch_size: int = 64  # the engine's max_batch_size (it batches on its own)
-    device: str = "cpu"
-    dtype: str = "float32"
-    kv_cache_dtype: str = "auto"
-    max_num_tokens: int = 2048
     include_path: Path | None = None
     apply_chat_template: bool = False
     log_samples: bool = False
@@ -64,10 +62,7 @@ def run_lm_eval(run: LmEvalRun) -> dict[str, Any]:
         raise M3BenchError(f"--include-path is not a directory: {run.include_path}")
     task_manager = TaskManager(include_path=str(run.include_path) if run.include_path else None)
     check_tasks(task_manager, run.tasks)
-    model = M3BenchLM(
-        pretrained=str(run.model), device=run.device, dtype=run.dtype, kv_cache_dtype=run.kv_cache_dtype,
-        max_batch_size=run.batch_size, max_num_tokens=run.max_num_tokens, seed=run.seed,
-    )
+    model = M3BenchLM(engine_config=run.engine)
     results = lm_eval.simple_evaluate(
         model=model, tasks=list(run.tasks), num_fewshot=run.num_fewshot, limit=_limit(run.limit),
         task_manager=task_manager, log_samples=run.log_samples, apply_chat_template=run.apply_chat_template,
@@ -76,6 +71,14 @@ def run_lm_eval(run: LmEvalRun) -> dict[str, Any]:
     if results is None:
         raise M3BenchError("lm-eval returned no results")
     return results
+
+
+def check_numbers(limit: float | None, num_fewshot: int | None) -> None:
+    """Counts that lm-eval would only trip over after the model loaded (engine sizes: EngineConfig checks them)."""
+    validate.finite(limit, "--limit")
+    _limit(limit)
+    if num_fewshot is not None and num_fewshot < 0:
+        raise M3BenchError(f"--num-fewshot must be >= 0, got {num_fewshot}")
 
 
 def _limit(limit: float | None) -> int | float | None:
@@ -109,27 +112,28 @@ def write_outputs(results: dict[str, Any], output_path: Path | None) -> None:
 def register(app: typer.Typer) -> None:
     @app.command("lm-eval")
     @user_errors
+    @engine_flags
     def lm_eval_command(
         model: Path = typer.Option(..., "--model", help="Checkpoint directory."),
         tasks: str = typer.Option(..., "--tasks", help="Comma-separated lm-eval tasks or groups, e.g. mmlu,gsm8k."),
         limit: Optional[float] = typer.Option(None, "--limit", help="Items per task (a fraction when < 1)."),
         num_fewshot: Optional[int] = typer.Option(None, "--num-fewshot", help="Few-shot examples (task default)."),
-        batch_size: int = typer.Option(64, "--batch-size", help="Engine max batch size (sequences in flight)."),
-        device: str = typer.Option("cpu", "--device", help="cpu, cuda, cuda:1 ..."),
-        dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16, float16."),
-        kv_cache_dtype: str = typer.Option("auto", "--kv-cache-dtype", help="auto (the model dtype), bf16, fp8, nvfp4, hybrid."),
-        max_num_tokens: int = typer.Option(2048, "--max-num-tokens", help="Engine token budget per step."),
         include_path: Optional[Path] = typer.Option(None, "--include-path", help="Extra lm-eval task yamls."),
         apply_chat_template: bool = typer.Option(False, "--apply-chat-template", help="Chat-format the prompts."),
         log_samples: bool = typer.Option(False, "--log-samples", help="Write per-item samples (needs --output-path)."),
         output_path: Optional[Path] = typer.Option(None, "--output-path", help="Directory for results.json."),
         seed: int = typer.Option(0, "--seed", help="Engine and lm-eval seed."),
+        engine: EngineFlags = ENGINE,
     ) -> None:
         """Run lm-evaluation-harness tasks on the bundled runtime (lm-eval model `m3bench`)."""
+        cfg = engine.config(model, seed=seed)
         if log_samples and output_path is None:
             raise M3BenchError("--log-samples needs --output-path")
         if not model.is_dir():
             raise M3BenchError(f"model directory not found: {model}")
-        run = LmEvalRun(model, parse_tasks(tasks), limit, num_fewshot, batch_size, device, dtype, kv_cache_dtype,
-                        max_num_tokens, include_path, apply_chat_template, log_samples, seed)
+        check_numbers(limit, num_fewshot)
+        if output_path is not None:
+            validate.out_directory(output_path, "--output-path")
+        run = LmEvalRun(cfg, parse_tasks(tasks), limit, num_fewshot, include_path, apply_chat_template, log_samples,
+                        seed)
         write_outputs(run_lm_eval(run), output_path)

@@ -11,6 +11,7 @@ import importlib
 import typer
 
 from m3bench import __version__
+from m3bench.cli.errors import GuardedGroup
 
 COMMAND_MODULES = (
     "m3bench.cli.generate",
@@ -29,6 +30,8 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=GuardedGroup,  # no traceback reaches the user: exit 2 (input) or 3 (internal, log file)
+    rich_markup_mode=None,  # help text shows as written: `[r L, L]` is text, not markup
 )
 
 

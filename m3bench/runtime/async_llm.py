@@ -42,6 +42,10 @@ class EngineStats:
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0
     spec_accepted_per_pos: tuple[int, ...] = ()
+    prefix_queried_tokens: int = 0  # prompt tokens looked up in the prefix cache at admission
+    prefix_hit_tokens: int = 0  # of those, served from the cache
+    page_tokens: int = 0  # tokens per KV page (the prefix cache's granularity)
+    prefix_caching: bool = False
 
     @property
     def kv_pages_in_use(self) -> int:
@@ -256,6 +260,10 @@ def engine_stats(llm: Any, counts: dict[str, int]) -> EngineStats:
         spec_draft_tokens=proposed,
         spec_accepted_tokens=accepted,
         spec_accepted_per_pos=per_pos,
+        prefix_queried_tokens=s.prefix_queried_tokens,
+        prefix_hit_tokens=s.prefix_hit_tokens,
+        page_tokens=llm.engine.scheduler.bm.P,
+        prefix_caching=llm.engine.scheduler.bm.caching,
     )
 
 

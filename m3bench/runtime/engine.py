@@ -27,6 +27,7 @@ from m3bench.runtime.kv_cache import KVCache
 from m3bench.runtime.sampler import Sampler, SamplerOutput, make_generator
 from m3bench.runtime.scheduler import ScheduledBatch, Scheduler
 from m3bench.runtime.sequence import Detokenizer, FinishReason, Sequence
+from m3bench.runtime.step_timing import NO_CLOCK
 from m3bench.runtime.transfer import upload
 
 
@@ -63,6 +64,8 @@ class StepInputs:
 
 class ModelRunner:
     """Turns a ScheduledBatch into device tensors and runs the model on them."""
+
+    clock: Any = NO_CLOCK  # engine_builder sets the engine's StepClock (runtime/step_timing.py)
 
     def __init__(self, model: Any, kv: KVCache, bm: BlockManager, device: torch.device,
                  graphs: "DecodeGraphs | None" = None) -> None:
@@ -157,11 +160,12 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, inputs: StepInputs, batch: ScheduledBatch) -> torch.Tensor:
         """Logits [N, V] float32 of the rows in inputs.logits_idx."""
-        if self.graphs is not None and self._graph_fits(inputs, batch):
-            hidden = self.graphs.replay(inputs)
-        else:
-            hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv)
-        return self.model.compute_logits(hidden[inputs.logits_idx])
+        with self.clock.forward():
+            if self.graphs is not None and self._graph_fits(inputs, batch):
+                hidden = self.graphs.replay(inputs)
+            else:
+                hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv)
+            return self.model.compute_logits(hidden[inputs.logits_idx])
 
 
 def graph_batch_sizes(max_batch_size: int) -> list[int]:
@@ -261,7 +265,7 @@ class Engine:
     def step(self) -> list[RequestDelta]:
         """Run one engine step; the deltas of every request that gained tokens or finished."""
         batch = self.scheduler.schedule()
-        dropped = [_delta(s, (), "", ()) for s in self.scheduler.drain_dropped()]
+        dropped = [make_delta(s, (), "", ()) for s in self.scheduler.drain_dropped()]
         if batch is None:
             return dropped
         inputs, sampled = self._run_batch(batch)
@@ -313,14 +317,14 @@ class Engine:
             if seq.is_score and seq.num_computed == seq.num_tokens:
                 self.scheduler.finish(seq, FinishReason.STOP)
         if sampled is None:
-            return [_delta(s, (), "", ()) for s in batch.seqs if s.finished]
+            return [make_delta(s, (), "", ()) for s in batch.seqs if s.finished]
         now = time.time()
         tokens = sampled.token_ids.tolist()  # the one device -> host sync of the step
         lps = sampled.logprobs.tolist() if sampled.logprobs is not None else None
-        tops = _tops(sampled)
+        tops = sampled_tops(sampled)
         deltas = [self._append(seq, tokens[i], now, lps and lps[i], tops and tops[i])
                   for i, seq in enumerate(sample_seqs)]
-        return deltas + [_delta(s, (), "", ()) for s in batch.seqs if s.is_score and s.finished]
+        return deltas + [make_delta(s, (), "", ()) for s in batch.seqs if s.is_score and s.finished]
 
     def _append(self, seq: Sequence, token: int, now: float, lp: float | None, top) -> RequestDelta:
         seq.output_ids.append(token)
@@ -336,7 +340,7 @@ class Engine:
                 seq.text += seq.detok.flush()
                 _cut_at_stop(seq)
             self.scheduler.finish(seq, reason)
-        delta = _delta(seq, (token,), _new_text(seq), (now,))
+        delta = make_delta(seq, (token,), _new_text(seq), (now,))
         if seq.params.logprobs is None:
             return delta
         return dataclasses.replace(delta, logprobs=(lp,), top_logprobs=(tuple(seq.top_logprobs[-1]),))
@@ -370,7 +374,7 @@ def _new_text(seq: Sequence) -> str:
     return out
 
 
-def _delta(seq: Sequence, tokens: tuple[int, ...], text: str, times: tuple[float, ...]) -> RequestDelta:
+def make_delta(seq: Sequence, tokens: tuple[int, ...], text: str, times: tuple[float, ...]) -> RequestDelta:
     reason = seq.finish_reason.value if seq.finished and seq.finish_reason else None
     delta = RequestDelta(seq.request_id, tokens, text, times, seq.finished, reason)
     if seq.params.prompt_logprobs is None or seq.prompt_logprobs_sent or not seq.prompt_logprobs_done:
@@ -388,7 +392,7 @@ def _score_tops(lp: torch.Tensor, k: int) -> list[list[tuple[int, float]]]:
     return [list(zip(i, v)) for i, v in zip(ids.tolist(), vals.tolist())]
 
 
-def _tops(sampled: SamplerOutput) -> list[list[tuple[int, float]]] | None:
+def sampled_tops(sampled: SamplerOutput) -> list[list[tuple[int, float]]] | None:
     if sampled.top_ids is None:
         return None
     ids, lps = sampled.top_ids.tolist(), sampled.top_logprobs.tolist()

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from m3bench.runtime.decode_state import PLACEHOLDER
-from m3bench.runtime.engine import Engine, RequestDelta, _delta, _tops
+from m3bench.runtime.engine import Engine, RequestDelta, make_delta, sampled_tops
 from m3bench.runtime.sampler import SamplerOutput
 from m3bench.runtime.scheduler import ScheduledBatch
 from m3bench.runtime.sequence import FinishReason, Sequence
@@ -60,7 +60,7 @@ class OverlapEngine(Engine):
         dropped = self.scheduler.drain_dropped()  # (a token in flight is lost with it: the pool cannot hold it)
         deltas = self._land(self.flight) if self.flight is not None else []
         self.flight = launched if launched is not None and _pending(launched) else None
-        return [_delta(s, (), "", ()) for s in dropped] + deltas
+        return [make_delta(s, (), "", ()) for s in dropped] + deltas
 
     def _launch(self, batch: ScheduledBatch) -> Flight:
         inputs, sampled = self._run_batch(batch)
@@ -87,13 +87,13 @@ class OverlapEngine(Engine):
             s = flight.sampled
             tokens = s.token_ids.tolist()
             lps = s.logprobs.tolist() if s.logprobs is not None else None
-            tops = _tops(s)
+            tops = sampled_tops(s)
             now = time.time()
             for i, seq in enumerate(flight.seqs):
                 delta = self._land_one(seq, tokens[i], now, lps and lps[i], tops and tops[i])
                 if delta is not None:
                     deltas.append(delta)
-        return deltas + [_delta(s, (), "", ()) for s in flight.finished]
+        return deltas + [make_delta(s, (), "", ()) for s in flight.finished]
 
     def _land_one(self, seq: Sequence, token: int, now: float, lp: float | None, top) -> RequestDelta | None:
         """Append the landed token with the stop rules; None when the request ended meanwhile."""

@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from m3bench.bench.engine_options import EngineOptions
+from m3bench.runtime.engine_config import EngineConfig
 from m3bench.bench.sweep import SweepConfig, run_sweep
 from m3bench.runtime import LLM, SamplingParams
 from m3bench.runtime.errors import InputError
@@ -41,7 +41,7 @@ def test_detokenize_false_returns_ids_past_the_tokenizer(big_vocab_dir):
 
 
 def test_inprocess_sweep_on_a_vocab_larger_than_the_tokenizer(big_vocab_dir, tmp_path):
-    opts = EngineOptions(str(big_vocab_dir), load_format="dummy", num_kv_blocks=32)
+    opts = EngineConfig(str(big_vocab_dir), load_format="dummy", num_kv_blocks=32)
     cfg = SweepConfig(out_dir=tmp_path, engine=opts, concurrencies=(2,), lengths=((24, 8),), num_prompts=4, warmup=1)
     (row,) = run_sweep(cfg)
     assert "error" not in row, row
@@ -54,7 +54,7 @@ def test_inprocess_sweep_without_any_tokenizer_says_so(big_vocab_dir, tmp_path):
     bare = tmp_path / "bare"
     bare.mkdir()
     shutil.copy(big_vocab_dir / "config.json", bare / "config.json")
-    cfg = SweepConfig(out_dir=tmp_path / "o", engine=EngineOptions(str(bare), load_format="dummy", num_kv_blocks=8),
+    cfg = SweepConfig(out_dir=tmp_path / "o", engine=EngineConfig(str(bare), load_format="dummy", num_kv_blocks=8),
                       lengths=((8, 2),), num_prompts=1, warmup=0)
     with pytest.raises(InputError, match="no tokenizer"):
         run_sweep(cfg)

@@ -94,3 +94,18 @@ def test_records_round_trip(tmp_path):
 
     write_records(tmp_path / "r.jsonl", _trace())
     assert read_records(tmp_path / "r.jsonl") == _trace()
+
+
+def test_host_timing_on_a_hand_made_window():
+    from m3bench.bench.metrics import compute_host_timing
+    from m3bench.runtime.step_timing import StepRecord
+
+    steps = [StepRecord(0.010, 0.006), StepRecord(0.020, 0.005), StepRecord(0.004, 0.004)]
+    t = compute_host_timing(steps, window_s=0.050)
+    assert t.engine_steps == 3
+    assert t.host_ms_per_step_median == pytest.approx(4.0)  # host ms: 4, 15, 0
+    assert t.host_ms_per_step_p90 == pytest.approx(12.8)  # numpy's linear P90 of (0, 4, 15)
+    assert t.device_idle_share == pytest.approx(1 - 0.015 / 0.050)
+    assert compute_host_timing([StepRecord(0.01, 0.02)], 0.01).host_ms_per_step_median == 0.0  # never negative
+    with pytest.raises(EmptySampleError):
+        compute_host_timing([], 1.0)

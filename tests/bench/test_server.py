@@ -16,13 +16,14 @@ KEY = "test-key"
 
 @pytest.fixture(scope="module", params=[False, True], ids=["sync", "overlap"])
 def served(tmp_path_factory, request):
-    from m3bench.bench.engine_options import EngineOptions
+    from m3bench.runtime.engine_config import EngineConfig
+    from m3bench.runtime.llm import LLM
     from m3bench.bench.server import ServerConfig
     from m3bench.runtime.async_llm import AsyncLLM
     from m3bench.runtime.tiny import write_tiny_checkpoint
 
     ckpt = write_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), seed=0)
-    llm = EngineOptions(str(ckpt), num_kv_blocks=24, max_batch_size=32, async_scheduling=request.param).build()
+    llm = LLM.from_config(EngineConfig(str(ckpt), num_kv_blocks=24, max_batch_size=32, async_scheduling=request.param))
     assert llm.async_scheduling is request.param
     engine = AsyncLLM(llm)
     cfg = ServerConfig("tiny", llm.max_model_len, KEY)
@@ -154,6 +155,20 @@ def test_metrics_prometheus_text(served):
     assert httpx.get(served["url"] + "/metrics").status_code == 401
 
 
+def test_metrics_export_prefix_cache_counters(served):
+    """prefix_cache_{queries,hits}_total (tokens) and cache_config_info's block_size, read back by the sweep."""
+    from m3bench.bench.sweep import scrape_metrics
+
+    before = asyncio.run(scrape_metrics(served["url"], KEY))
+    prompt = [7 + i % 300 for i in range(260)]
+    for _ in range(2):
+        _client(served).completions.create(model="tiny", prompt=prompt, max_tokens=1)
+    after = asyncio.run(scrape_metrics(served["url"], KEY))
+    assert after.page_tokens == 128
+    win = after.prefix.minus(before.prefix)
+    assert (win.queried_tokens, win.hit_tokens) == (520, 256)  # the second request reuses 2 whole pages
+
+
 async def _stream_and_maybe_drop(session, url, rng, i):
     body = {"model": "tiny", "prompt": [1 + i % 50, 2, 3, 4], "max_tokens": 24 if i % 2 else 6, "stream": True,
             "ignore_eos": True, "temperature": 0}
@@ -238,13 +253,13 @@ def test_batch_prompts_and_content_parts(served):
 
 def test_m3bench_serve_process_with_openai_client(tmp_path):
     """The real command: `python -m m3bench serve` on loopback with an API key, driven by the openai client."""
-    from m3bench.bench.engine_options import EngineOptions
+    from m3bench.runtime.engine_config import EngineConfig
     from m3bench.bench.sweep import free_port, start_server, stop_server, wait_healthy
     from m3bench.runtime.tiny import write_tiny_checkpoint
 
     ckpt = write_tiny_checkpoint(tmp_path / "tiny", seed=3)
     port = free_port()
-    proc = start_server(EngineOptions(str(ckpt), load_format="dummy", num_kv_blocks=8), port, "s3cret")
+    proc = start_server(EngineConfig(str(ckpt), load_format="dummy", num_kv_blocks=8), port, "s3cret")
     try:
         asyncio.run(wait_healthy(f"http://127.0.0.1:{port}", proc, timeout_s=120))
         c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="s3cret", max_retries=0)

@@ -9,13 +9,14 @@ openai = pytest.importorskip("openai")
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from m3bench.bench.engine_options import EngineOptions
+    from m3bench.runtime.engine_config import EngineConfig
+    from m3bench.runtime.llm import LLM
     from m3bench.bench.server import ServerConfig
     from m3bench.runtime.async_llm import AsyncLLM
     from m3bench.runtime.tiny import write_tiny_checkpoint
 
     ckpt = write_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), seed=0)
-    llm = EngineOptions(str(ckpt), num_kv_blocks=24, max_batch_size=8, max_num_tokens=16).build()  # chunked prefill
+    llm = LLM.from_config(EngineConfig(str(ckpt), num_kv_blocks=24, max_batch_size=8, max_num_tokens=16))  # chunked prefill
     engine = AsyncLLM(llm)
     with serving(engine, ServerConfig("tiny", llm.max_model_len)) as url:
         yield {"url": url, "llm": llm}

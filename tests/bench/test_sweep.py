@@ -96,6 +96,9 @@ def test_sweep_end_to_end_resume_and_gate(tiny_ckpt, tmp_path):
         assert p["num_completed"] == 4 and p["num_failed"] == 0 and p["total_output_tokens"] == 16
         assert p["num_wrong_output_len"] == 0
         assert p["interactivity_x90"] > 0 and p["total_tok_per_s_per_gpu"] > 0 and p["client_floor_itl_ms"] > 0
+        assert p["engine_steps"] >= 4 and 0 < p["host_ms_per_step_median"] <= p["host_ms_per_step_p90"]
+        assert 0 <= p["device_idle_share"] < 1  # the engine's own step timing (in-process)
+    assert "host ms/step" in res.output and "device idle" in res.output
     assert doc["frontier"] and (out / "results.csv").read_text().count("\n") == 3
     assert (out / "pareto.png").stat().st_size > 5000
     records = (out / "points" / "tp1_c4_isl16_osl4_r0.records.jsonl").read_text().splitlines()
@@ -118,8 +121,8 @@ def test_sweep_end_to_end_resume_and_gate(tiny_ckpt, tmp_path):
 
 def test_sweep_input_errors(tiny_ckpt, tmp_path):
     runner = CliRunner()
-    res = runner.invoke(app, _sweep_args(tiny_ckpt, tmp_path / "x", "--serve", "--tp", "2"))
-    assert res.exit_code == 2 and "takes no TP size" in res.output
+    res = runner.invoke(app, _sweep_args(tiny_ckpt, tmp_path / "x", "--tp", "0"))
+    assert res.exit_code == 2 and "--tp" in res.output
     res = runner.invoke(app, _sweep_args(tiny_ckpt, tmp_path / "x", "--max-regression", "5"))
     assert res.exit_code == 2 and "--baseline" in res.output
     res = runner.invoke(app, _sweep_args(tiny_ckpt, tmp_path / "x", "--concurrency", "0"))

@@ -6,7 +6,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from m3bench.bench.engine_options import EngineOptions
+from m3bench.runtime.engine_config import EngineConfig
 from m3bench.bench.sweep import free_port, parse_spec_counters, scrape_metrics, start_server, stop_server, wait_healthy
 from m3bench.cli.main import app
 from m3bench.runtime.errors import InputError
@@ -55,15 +55,15 @@ def test_synthetic_without_draft_is_a_clear_error(tiny_pair, tmp_path):
                                    str(tmp_path / "x")])
     assert res.exit_code == 2 and "needs --draft" in res.output
     with pytest.raises(InputError, match="needs --draft"):
-        EngineOptions(str(target), synthetic_acceptance=2.0)
-    with pytest.raises(InputError, match="separate or shared"):
-        EngineOptions(str(target), draft_dir=str(target), draft_kv="both")
+        EngineConfig(str(target), synthetic_acceptance=2.0)
+    with pytest.raises(InputError, match="separate, shared"):
+        EngineConfig(str(target), draft=str(target), draft_kv="both")
 
 
 def test_serve_metrics_count_speculation(tiny_pair):
     """`m3bench serve --draft ... --synthetic-acceptance`: /metrics counters grow and give the forced AL."""
     target, draft = tiny_pair
-    opts = EngineOptions(str(target), num_kv_blocks=32, draft_dir=str(draft), draft_len=3, synthetic_acceptance=AL)
+    opts = EngineConfig(str(target), num_kv_blocks=32, draft=str(draft), draft_len=3, synthetic_acceptance=AL)
     port = free_port()
     proc = start_server(opts, port, None)
     try:
@@ -76,7 +76,7 @@ async def _exercise(base: str, proc) -> None:
     import aiohttp
 
     await wait_healthy(base, proc, timeout_s=120)
-    before = await scrape_metrics(base, None)
+    before = (await scrape_metrics(base, None)).spec
     async with aiohttp.ClientSession() as s:
         async with s.get(f"{base}/metrics") as r:
             text = await r.text()
@@ -103,13 +103,13 @@ def test_inprocess_window_excludes_warmup(tiny_pair, tmp_path):
     from m3bench.bench.sweep import PointKey, SweepConfig, open_target, run_point
 
     target, draft = tiny_pair
-    opts = EngineOptions(str(target), num_kv_blocks=32, draft_dir=str(draft), draft_len=3, synthetic_acceptance=AL)
+    opts = EngineConfig(str(target), num_kv_blocks=32, draft=str(draft), draft_len=3, synthetic_acceptance=AL)
     cfg = SweepConfig(out_dir=tmp_path, engine=opts, concurrencies=(2,), lengths=((16, 24),), num_prompts=2, warmup=2)
 
     async def go():
         async with open_target(cfg, 1) as (tgt, tok, scrape):
             row = await run_point(cfg, PointKey(1, 2, 16, 24), tgt, tok, scrape)
-            return row, await scrape(), tgt.engine.llm.spec_stats()
+            return row, (await scrape()).spec, tgt.engine.llm.spec_stats()
 
     row, totals, stats = asyncio.run(go())
     assert (totals.drafts, totals.accepted_tokens) == (stats.drafts, stats.accepted)  # /metrics = llm.spec_stats()

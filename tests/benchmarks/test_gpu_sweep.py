@@ -77,3 +77,18 @@ def test_a_failing_sweep_is_recorded_and_the_other_still_reports(gs, tmp_path, m
 def test_one_sweep_alone(gs, tmp_path):
     results = gs.main(["--cpu-smoke", "--budget-s", "0", "--sweeps", "plain", "--out", str(tmp_path)])
     assert list(results) == ["plain"] and not (tmp_path / "eagle3").exists()
+
+
+def test_cpu_smoke_trace_replay(gs, tmp_path, capsys):
+    """--trace: every point replays the trace's first requests (scaled), with the trace columns."""
+    from shared_data import SHARED_DATA
+
+    trace = SHARED_DATA / "traces" / "conversation_trace.jsonl"
+    if not trace.is_file():
+        pytest.skip(f"{trace} not present")
+    results = gs.main(["--cpu-smoke", "--sweeps", "plain", "--trace", str(trace), "--max-requests", "4",
+                       "--trace-scale", "0.015625", "--out", str(tmp_path)])
+    rows = results["plain"]
+    assert [r["concurrency"] for r in rows] == [1, 2] and all("error" not in r for r in rows)
+    assert all(r["trace_requests"] == 4 and r["prefix_hit_rate_possible"] is not None for r in rows)
+    assert "prefix" in capsys.readouterr().out

@@ -42,7 +42,7 @@ def anatomy_task(root: Path, n: int) -> None:
 def test_help_lists_the_options():
     result = runner.invoke(app, ["lm-eval", "--help"])
     assert result.exit_code == 0
-    for option in ("--model", "--tasks", "--limit", "--num-fewshot", "--batch-size", "--output-path"):
+    for option in ("--model", "--tasks", "--limit", "--num-fewshot", "--max-batch-size", "--output-path"):
         assert option in result.output
 
 
@@ -67,7 +67,7 @@ def test_runs_a_local_task_end_to_end(smollm2_dir, tmp_path, monkeypatch):
     anatomy_task(tasks, n=3)
     result = runner.invoke(app, ["lm-eval", "--model", str(smollm2_dir), "--tasks", "local_anatomy",
                                  "--include-path", str(tasks), "--limit", "2", "--num-fewshot", "0",
-                                 "--batch-size", "4", "--log-samples", "--output-path", str(out)])
+                                 "--max-batch-size", "4", "--log-samples", "--output-path", str(out)])
     assert result.exit_code == 0, result.output
     results = json.loads((out / "results.json").read_text())
     acc = results["results"]["local_anatomy"]["acc,none"]

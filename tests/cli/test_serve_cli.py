@@ -21,13 +21,16 @@ def test_serve_help_lists_the_options():
 
 
 def test_async_scheduling_flags_round_trip(tmp_path):
-    """EngineOptions writes the flag `m3bench serve` reads (the sweep's --serve mode relies on it); the
+    """serve_args writes the flag `m3bench serve` reads (the sweep's --serve mode relies on it); the
     draft refusal reaches the user as one line and exit 2."""
-    from m3bench.bench.engine_options import EngineOptions
+    from pathlib import Path
 
-    assert "async-scheduling" not in " ".join(EngineOptions("m").cli_args())
-    assert EngineOptions("m", async_scheduling=True).cli_args()[-1] == "--async-scheduling"
-    assert EngineOptions("m", async_scheduling=False).cli_args()[-1] == "--no-async-scheduling"
+    from m3bench.bench.engine_options import serve_args
+    from m3bench.runtime.engine_config import EngineConfig
+
+    assert "async-scheduling" not in " ".join(serve_args(EngineConfig(Path("m"))))
+    assert "--async-scheduling" in serve_args(EngineConfig(Path("m"), async_scheduling=True))
+    assert "--no-async-scheduling" in serve_args(EngineConfig(Path("m"), async_scheduling=False))
     from m3bench.runtime.speculative.tiny_draft import write_tiny_draft
     from m3bench.runtime.tiny import write_tiny_checkpoint
 

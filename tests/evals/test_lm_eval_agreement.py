@@ -191,9 +191,10 @@ def hf_backend(smollm2_dir):
 
 @pytest.fixture(scope="module")
 def runtime_backend(smollm2_dir):
-    from m3bench.evals.backends.runtime import RuntimeBackend, RuntimeOptions
+    from m3bench.evals.backends.runtime import RuntimeBackend
+    from m3bench.runtime.engine_config import EngineConfig
 
-    return RuntimeBackend(RuntimeOptions(model=smollm2_dir, dtype="float32", max_batch_size=8))
+    return RuntimeBackend(EngineConfig(device="cpu", model=smollm2_dir, dtype="float32", max_batch_size=8))
 
 
 @pytest.fixture(scope="module")

@@ -135,8 +135,10 @@ def test_cli_baseline_and_reference_exclude_each_other(tmp_path):
 
     from m3bench.cli.main import app
 
+    ref = tmp_path / "r.yaml"
+    ref.write_text("org/m: []\n")
     args = ["accuracy", "--model", "served", "--backend", "openai", "--base-url", "http://127.0.0.1:9",
-            "--baseline", str(tmp_path), "--reference", str(tmp_path / "r.yaml"), "--no-progress"]
+            "--baseline", str(tmp_path), "--reference", str(ref), "--no-progress", "--out", str(tmp_path / "o")]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2 and "--baseline and --reference exclude each other" in result.output
 

@@ -61,14 +61,14 @@ def test_exact_match_and_first_wins(ref_file):
     ProtocolSpec("gsm8k-chat", "v1", 5, False, 256),
 ])
 def test_any_protocol_difference_refuses_the_gate(ref_file, other):
-    with pytest.raises(InputError, match="available: .*gsm8k v1, 5-shot, no chat, max_tokens 256.*--no-reference"):
+    with pytest.raises(InputError, match="org/model has: .*gsm8k v1, 5-shot, no chat, max_tokens 256.*--no-reference"):
         find_accuracy_reference("gsm8k", "org/model", RunSpec(), other, ref_file)
 
 
 def test_no_match_lists_entries(ref_file):
-    with pytest.raises(InputError, match="available: org/model"):
+    with pytest.raises(InputError, match=r"org/model has: \[no spec keys\]"):
         find_accuracy_reference("gsm8k", "org/model", RunSpec(spec_dec_algo="Eagle3"), GSM, ref_file)  # DP key absent
-    with pytest.raises(InputError, match="no reference for other/model"):
+    with pytest.raises(InputError, match="no reference for other/model.*other/model has: none; other models: org/model"):
         find_accuracy_reference("gsm8k", "other/model", RunSpec(), GSM, ref_file)
 
 
@@ -149,7 +149,8 @@ def test_cli_mmlu_gen_0_shot_is_not_gated_against_the_mmlu_golden(tmp_path):
     result = _cli(tmp_path, "--task", "mmlu-gen", "--num-fewshot", "0")
     assert result.exit_code == 2, result.output
     assert "measured with mmlu-gen trtllm-mmlu/m3bench-1, 0-shot" in result.output
-    assert "m3bench/tiny-m3 [no spec keys] (mmlu lm-eval-mmlu-1.0/m3bench-1, 0-shot" in result.output
+    assert "m3bench/tiny-m3 has: [no spec keys] (mmlu lm-eval-mmlu-1.0/m3bench-1, 0-shot, no chat)" in result.output
+    assert "other models: MiniMaxAI/MiniMax-M3, nvidia/MiniMax-M3-NVFP4. --no-reference runs it ungated" in result.output
     assert "Traceback" not in result.output
 
 
@@ -157,7 +158,7 @@ def test_cli_reference_and_no_reference_exclude_each_other(tmp_path):
     ref = tmp_path / "ref.yaml"
     ref.write_text("m3bench/tiny-m3: []\n")
     result = _cli(tmp_path, "--reference", str(ref), "--no-reference")
-    assert result.exit_code == 2 and "exclude each other" in result.output
+    assert result.exit_code == 2 and "contradict each other" in result.output
 
 
 def test_smoke_run_honours_task_and_fewshot_and_refuses_another_protocols_golden(tmp_path, monkeypatch):

@@ -9,7 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from m3bench.evals.backends.base import GenRequest
-from m3bench.evals.backends.runtime import RuntimeBackend, RuntimeOptions
+from m3bench.evals.backends.runtime import RuntimeBackend
+from m3bench.runtime.engine_config import EngineConfig
 from shared_data import SHARED_DATA as SHARED
 
 
@@ -36,8 +37,8 @@ def test_draft_keeps_greedy_outputs_and_reports_counters(pair, draft_kv):
     target, draft = pair
     requests = [GenRequest(prompt="Question: what is two plus two?\nAnswer:", max_tokens=12, stop=("Question:",)),
                 GenRequest(prompt="The trains left at", max_tokens=9)]
-    plain = _generate(RuntimeBackend(RuntimeOptions(target, dtype="float32")), requests)
-    spec_backend = RuntimeBackend(RuntimeOptions(target, dtype="float32", draft=draft, draft_len=3, draft_kv=draft_kv))
+    plain = _generate(RuntimeBackend(EngineConfig(device="cpu", model=target, dtype="float32")), requests)
+    spec_backend = RuntimeBackend(EngineConfig(device="cpu", model=target, dtype="float32", draft=draft, draft_len=3, draft_kv=draft_kv))
     spec = _generate(spec_backend, requests)
     assert [r.text for r in spec] == [r.text for r in plain]
     assert [r.num_output_tokens for r in spec] == [r.num_output_tokens for r in plain]

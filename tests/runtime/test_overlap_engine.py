@@ -10,7 +10,8 @@ from engine_fixtures import EOS, SMALL_M3, random_prompts, small_model
 from m3bench.runtime.config import ModelConfig
 from m3bench.runtime.decode_state import PLACEHOLDER
 from m3bench.runtime.errors import InputError
-from m3bench.runtime.llm import LLM, SamplingParams, _async_choice
+from m3bench.runtime.engine_config import DeviceFacts, EngineConfig, resolve
+from m3bench.runtime.llm import LLM, SamplingParams
 from m3bench.runtime.model import M3ForCausalLM
 from m3bench.runtime.overlap_engine import OverlapEngine
 from m3bench.runtime.tiny import TinySpec, m3_text_config, write_tiny_checkpoint
@@ -137,14 +138,20 @@ def test_stop_strings_and_streaming_text(tmp_path):
 
 
 def test_async_choice():
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert _async_choice(None, cuda, None, None) and not _async_choice(None, cpu, None, None)  # default: CUDA only
-    assert not _async_choice(None, cuda, object(), None) and not _async_choice(None, cuda, None, object())
-    assert _async_choice(True, cpu, None, None) and not _async_choice(False, cuda, None, None)
+    """Overlap's default (engine_config.resolve): on for CUDA only, off with speculation or TP; asked for with
+    either, an input error."""
+    def overlap(asked, device, **kw):
+        facts = DeviceFacts(2 if device == "cuda" else 0)
+        return resolve(EngineConfig("m", device=device, async_scheduling=asked, cuda_graphs=False, **kw), facts
+                       ).async_scheduling
+
+    assert overlap(None, "cuda") and not overlap(None, "cpu")  # default: CUDA only
+    assert not overlap(None, "cuda", draft="d") and not overlap(None, "cuda", tensor_parallel_size=2)
+    assert overlap(True, "cpu") and not overlap(False, "cuda")
     with pytest.raises(InputError):
-        _async_choice(True, cuda, object(), None)
+        overlap(True, "cuda", draft="d")
     with pytest.raises(InputError):
-        _async_choice(True, cuda, None, object())
+        overlap(True, "cuda", tensor_parallel_size=2)
 
 
 @pytest.mark.gpu

@@ -1,6 +1,6 @@
 """The evaluation backend of m3bench's own runtime (`m3bench.runtime.LLM`).
 
-    backend = RuntimeBackend(RuntimeOptions(model=Path("ckpt"), device="cpu", dtype="float32"))
+    backend = RuntimeBackend(EngineConfig(model=Path("ckpt"), device="cpu", dtype="float32"))
     backend.generate([GenRequest(prompt="Question: 1+1?\\nAnswer:")], on_done)
 
 Text is tokenized here, the way lm-eval's HF model does it: no special tokens added to raw prompts
@@ -16,36 +16,18 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from m3bench.evals.backends.base import GenCallback, GenRequest, GenResult, ScoreCallback, ScoreRequest, ScoreResult
+from m3bench.runtime.engine_config import EngineConfig, resolve
 from m3bench.runtime.errors import InputError
-
-
-
-@dataclass(frozen=True)
-class RuntimeOptions:
-    model: Path
-    device: str = "cpu"
-    dtype: str = "bfloat16"
-    kv_cache_dtype: str = "auto"
-    draft: Path | None = None
-    draft_len: int = 3
-    max_batch_size: int = 64
-    max_num_tokens: int = 2048
-    seed: int = 0
-    draft_kv: str = "separate"  # the draft's KV pages: separate or shared (with the target's)
 
 
 class RuntimeBackend:
     name = "runtime"
 
-    def __init__(self, options: RuntimeOptions):
-        from m3bench.runtime import LLM
+    def __init__(self, options: EngineConfig):
+        from m3bench.runtime.llm import LLM
 
-        self.options = options
-        self.llm = LLM(str(options.model), device=options.device, dtype=options.dtype,
-                       kv_cache_dtype=options.kv_cache_dtype, max_batch_size=options.max_batch_size,
-                       max_num_tokens=options.max_num_tokens, seed=options.seed,
-                       speculative_model=None if options.draft is None else str(options.draft),
-                       draft_len=options.draft_len, draft_kv=options.draft_kv)
+        self.options = options if options.is_resolved else resolve(options)
+        self.llm = LLM.from_config(self.options)
         if self.llm.tokenizer is None:
             raise InputError(f"{options.model} has no tokenizer: text evaluations need one")
 
@@ -109,11 +91,12 @@ class RuntimeBackend:
         return context_ids, whole[len(context_ids):]
 
     def describe(self) -> dict[str, Any]:
-        o = self.options
-        return {"model": str(o.model), "device": o.device, "dtype": o.dtype, "kv_cache_dtype": o.kv_cache_dtype,
-                "draft": None if o.draft is None else str(o.draft), "draft_len": o.draft_len if o.draft else None,
-                "draft_kv": o.draft_kv if o.draft else None,
-                "max_batch_size": o.max_batch_size, "devices": _devices(o.device), "engine": resolved_engine(self.llm)}
+        o, d = self.options, self.options.to_dict()
+        return {"model": d["model"], "device": o.device, "dtype": d["dtype"], "kv_cache_dtype": d["kv_cache_dtype"],
+                "draft": d["draft"], "draft_len": o.draft_len if o.draft else None,
+                "draft_kv": d["draft_kv"] if o.draft else None,
+                "max_batch_size": o.max_batch_size, "devices": _devices(o.device),
+                "engine": resolved_engine(self.llm)}
 
     def close(self) -> None:
         self.llm = None
@@ -147,7 +130,8 @@ def resolved_engine(llm: Any) -> dict[str, Any] | None:
     if llm is None:
         return None
     bm = llm.engine.scheduler.bm
-    return {"dtype": str(llm.dtype), "device": str(llm.device), "max_model_len": llm.max_model_len,
+    return {"config": llm.engine_config.to_dict(), "dtype": str(llm.dtype), "device": str(llm.device),
+            "max_model_len": llm.max_model_len,
             "tokens_per_block": bm.P, "num_kv_blocks": bm.num_blocks, "prefix_caching": bm.caching,
             "attention_backend": type(llm.model.backend).__name__, "async_scheduling": llm.async_scheduling,
             "speculative": llm.spec is not None}

@@ -32,33 +32,37 @@ from m3bench.runtime.distributed.protocol import (
     receive_step,
     recv_header,
 )
-from m3bench.runtime.kv_cache import KVCache, KVDtype
+from m3bench.runtime import model_builder
+from m3bench.runtime.engine_config import EngineConfig
+from m3bench.runtime.kv_cache import KVCache
 
 PARENT_POLL_S = 0.5
 
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """What every rank needs to build the same model as rank 0 (LLM's own arguments)."""
+    """What every rank needs to build the same model as rank 0: its resolved EngineConfig."""
 
-    model: str | None
-    config: Any  # ModelConfig, a path, or None
-    dtype: torch.dtype
-    device: str
-    load_format: str
-    seed: int
-    attention_backend: str
-    tokens_per_block: int
-    draft: str | None = None  # Eagle3 draft checkpoint directory (speculative decoding)
+    engine: EngineConfig
+    config: Any = None  # a ModelConfig, or a directory holding config.json (default: engine.model)
+
+    @property
+    def model(self) -> str | None:
+        return None if self.engine.model is None else str(self.engine.model)
+
+    @property
+    def device(self) -> str:
+        return self.engine.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return model_builder.torch_dtype(self.engine.dtype)
 
 
 def build_model(spec: WorkerSpec, groups: RankGroups) -> Any:
-    """This rank's shards, loaded the way LLM loads rank 0's."""
-    from m3bench.runtime import llm
-
-    model = llm._build_model(spec.model, spec.config, spec.dtype, groups.device, llm._load_format(spec.load_format),
-                             spec.seed, groups.tp)
-    llm._pick_backend(model, spec.attention_backend, spec.tokens_per_block, prebuilt=False)
+    """This rank's shards, built as rank 0 builds its own (runtime/model_builder.py)."""
+    model = model_builder.build_model(spec.engine, groups.device, groups.tp, spec.config)
+    model_builder.install_backend(model, spec.engine.attention_backend, spec.engine.tokens_per_block)
     return model
 
 
@@ -74,12 +78,7 @@ def serve(spec: WorkerSpec, groups: RankGroups) -> None:
 
 
 def build_draft(spec: WorkerSpec, model: Any) -> Any:
-    if spec.draft is None:
-        return None
-    from m3bench.runtime import llm
-    from m3bench.runtime.speculative.setup import load_draft
-
-    return load_draft(spec.draft, model, llm._draft_dummy_seed(spec.load_format, spec.seed))
+    return model_builder.build_speculation(model, spec.engine)[1]  # None without a draft
 
 
 class RankState:
@@ -127,23 +126,8 @@ def _profile(model: Any, fields: list[int], groups: RankGroups) -> None:
     from m3bench.runtime.block_manager import blocks_for_budget
 
     tokens, P, code, page_bytes, ppm = fields[:5]
-    profile_forward(model, tokens, P, KV_DTYPES[code])
+    model_builder.profile_forward(model, tokens, P, KV_DTYPES[code])
     agree_min(groups.control, blocks_for_budget(page_bytes, groups.device, ppm / 1e6))
-
-
-@torch.inference_mode()
-def profile_forward(model: Any, tokens: int, P: int, kv_dtype: KVDtype) -> None:
-    """One prefill of `tokens` on a throw-away cache, so the activation peak is known (as LLM._profile_run)."""
-    from m3bench.runtime.attention.metadata import build_attn_metadata
-
-    pages = -(-tokens // P)
-    kv = KVCache(model.cfg, pages, P, kv_dtype, model.dtype, model.device, model.tp)
-    meta = build_attn_metadata([tokens], [tokens], [list(range(pages))], P, model.device)
-    torch.cuda.reset_peak_memory_stats(model.device)
-    hidden = model(torch.zeros(tokens, dtype=torch.int64, device=model.device), meta.positions, meta, kv)
-    model.compute_logits(hidden[-1:])
-    del kv, hidden
-    torch.cuda.empty_cache()
 
 
 def agree_min(control: Any, value: int) -> int:

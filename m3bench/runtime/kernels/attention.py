@@ -97,8 +97,8 @@ def plan_attention(q, k_cache, block_tables, max_query_len, selected_blocks, num
 
 def _launch_attention(q, k_cache, v_cache, block_tables, seq_lens, qsl, scale, sel, out, launch):
     from m3bench.runtime.kernels.attention_triton import (
-        _paged_attn_kernel,
-        _reduce_kernel,
+        paged_attn_kernel,
+        reduce_kernel,
     )
 
     fmt = kv_format_of(k_cache)
@@ -115,7 +115,7 @@ def _launch_attention(q, k_cache, v_cache, block_tables, seq_lens, qsl, scale, s
     sel_t = sel if sel is not None else block_tables
     sel_strides = (sel.stride(0), sel.stride(1)) if sel is not None else (0, 0)
     grid = (block_tables.shape[0] * launch.n_qblk, hkv, n_seg)
-    _paged_attn_kernel[grid](
+    paged_attn_kernel[grid](
         q, out, part_o, part_lse, kd, ks, kgs, vd, vs, vgs,
         block_tables, seq_lens, qsl, sel_t, scale * math.log2(math.e), launch.n_qblk, n_seg,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
@@ -127,7 +127,7 @@ def _launch_attention(q, k_cache, v_cache, block_tables, seq_lens, qsl, scale, s
         FMT=FMT_CODE[fmt], F32=q.dtype == torch.float32 or interpreting(), num_warps=4, num_stages=3,
     )
     if n_seg > 1:
-        _reduce_kernel[(n_tok, hq)](
+        reduce_kernel[(n_tok, hq)](
             part_o, part_lse, out, qsl, block_tables.shape[0], out.stride(0), out.stride(1),
             HQ=hq, D=d, N_SEG=n_seg, num_warps=4,
         )

@@ -6,7 +6,7 @@ r % G), so each K/V tile is read once per KV head and tl.dot has M >= 16. Keys c
 of TILE tokens, each looking up its page in the block table. Dense mode walks the request's
 keys 0..max position; sparse mode (BLOCK_Q = 1) walks the TOPK selected blocks of its token.
 With SPLIT (n_seg > 1) each program writes a normalized partial output and its log2-sum-exp, and
-`_reduce_kernel` merges the segments. Lengths are read on the device only.
+`reduce_kernel` merges the segments. Lengths are read on the device only.
 """
 
 import triton
@@ -29,7 +29,7 @@ def _tile_start(it, sel_ptr, seq_len, SPARSE: tl.constexpr, SUB: tl.constexpr, P
 
 
 @triton.jit(do_not_specialize=["n_qblk", "n_seg"])
-def _paged_attn_kernel(
+def paged_attn_kernel(
     q_ptr, o_ptr, part_o_ptr, part_lse_ptr,
     k_ptr, ks_ptr, kgs_ptr, v_ptr, vs_ptr, vgs_ptr,
     bt_ptr, seq_lens_ptr, qsl_ptr, sel_ptr, sm_scale_log2, n_qblk, n_seg,
@@ -110,7 +110,7 @@ def _paged_attn_kernel(
 
 
 @triton.jit(do_not_specialize=["n_req"])
-def _reduce_kernel(
+def reduce_kernel(
     part_o_ptr, part_lse_ptr, o_ptr, qsl_ptr, n_req, s_ot, s_oh,
     HQ: tl.constexpr, D: tl.constexpr, N_SEG: tl.constexpr,
 ):

@@ -49,7 +49,7 @@ def write_pages_ref(cache: kq.PagedTensor, x: torch.Tensor, slot_mapping: torch.
 
 
 def _launch_write(cache: kq.PagedTensor, x: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    from m3bench.runtime.kernels.kv_write_triton import _kv_write_kernel
+    from m3bench.runtime.kernels.kv_write_triton import kv_write_kernel
 
     data, scales, gs = cache_kernel_args(cache)
     per_head = len(cache.shape) == 4  # [pages, Hkv, P, d] vs index keys [pages, P, d]
@@ -58,7 +58,7 @@ def _launch_write(cache: kq.PagedTensor, x: torch.Tensor, slot_mapping: torch.Te
         raise ValueError("x and the cache must be contiguous in their last dim")
     d_strides = data.stride()[:3] if per_head else (data.stride(0), 0, data.stride(1))
     s_strides = scales.stride()[:3] if per_head else (scales.stride(0), 0, scales.stride(1))
-    _kv_write_kernel[(x3.shape[0], x3.shape[1])](
+    kv_write_kernel[(x3.shape[0], x3.shape[1])](
         x3, slot_mapping, data, scales, gs, x3.stride(0), x3.stride(1), *d_strides, *s_strides,
         PAGE=cache.shape[-2], D=cache.shape[-1], FMT=FMT_CODE[kq.kv_format_of(cache)], num_warps=1,
     )

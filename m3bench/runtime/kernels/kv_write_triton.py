@@ -44,7 +44,7 @@ def _e2m1_code(x):
 
 
 @triton.jit
-def _kv_write_kernel(
+def kv_write_kernel(
     x_ptr, slot_ptr, data_ptr, scale_ptr, gs_ptr,
     s_xt, s_xh, s_dp, s_dh, s_dt, s_sp, s_sh, s_st,
     PAGE: tl.constexpr, D: tl.constexpr, FMT: tl.constexpr,

@@ -116,13 +116,13 @@ def moe_align(ids: torch.Tensor, n_experts: int, block_m: int):
     n_slots = math.ceil(max_padded_pairs(n_pairs, n_experts, block_m) / block_m) * block_m
     if n_pairs > MAX_KERNEL_ALIGN_PAIRS:
         return moe_align_torch(ids, n_experts, block_m, n_slots)
-    from m3bench.runtime.kernels.moe_triton import _moe_align_kernel
+    from m3bench.runtime.kernels.moe_triton import moe_align_kernel
 
     sorted_ids = torch.empty((n_slots,), dtype=torch.int32, device=ids.device)  # all live slots written
     block_expert = torch.empty((n_slots // block_m,), dtype=torch.int32, device=ids.device)
     n_post = torch.empty((1,), dtype=torch.int32, device=ids.device)
     warps = 4 if n_pairs <= 4096 else 16
-    _moe_align_kernel[(1,)](ids, n_pairs, sorted_ids, block_expert, n_post,
+    moe_align_kernel[(1,)](ids, n_pairs, sorted_ids, block_expert, n_post,
                             E=n_experts, BLOCK_M=block_m, NP=next_pow2(max(n_pairs, 16)), num_warps=warps)
     return sorted_ids, block_expert, n_post
 
@@ -154,12 +154,12 @@ def _check_weights(*ws):
 
 
 def _launch_gate_up(x, wg, wu, inter, sorted_ids, block_expert, n_post, top_k, act, alpha, limit, tiles):
-    from m3bench.runtime.kernels.moe_triton import _moe_gate_up_kernel
+    from m3bench.runtime.kernels.moe_triton import moe_gate_up_kernel
 
     _check_weights(x, wg, wu)
     n_inter, hidden = wg.shape[1], wg.shape[2]
     grid = (block_expert.shape[0], math.ceil(n_inter / tiles.block_n))
-    _moe_gate_up_kernel[grid](
+    moe_gate_up_kernel[grid](
         x, wg, wu, inter, sorted_ids, block_expert, n_post, top_k * x.shape[0], alpha, limit,
         x.stride(0), wg.stride(0), wg.stride(1), wu.stride(0), wu.stride(1), inter.stride(0),
         H=hidden, I=n_inter, TOPK=top_k, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
@@ -169,12 +169,12 @@ def _launch_gate_up(x, wg, wu, inter, sorted_ids, block_expert, n_post, top_k, a
 
 
 def _launch_down(inter, wd, y, sorted_ids, block_expert, n_post, weights, tiles):
-    from m3bench.runtime.kernels.moe_triton import _moe_down_kernel
+    from m3bench.runtime.kernels.moe_triton import moe_down_kernel
 
     _check_weights(wd)
     hidden, n_inter = wd.shape[1], wd.shape[2]
     grid = (block_expert.shape[0], math.ceil(hidden / tiles.n_down))
-    _moe_down_kernel[grid](
+    moe_down_kernel[grid](
         inter, wd, y, sorted_ids, block_expert, n_post, weights, y.shape[0],
         inter.stride(0), wd.stride(0), wd.stride(1), y.stride(0),
         I=n_inter, H=hidden, BLOCK_M=tiles.block_m, BLOCK_N=tiles.n_down, BLOCK_K=tiles.block_k,
@@ -184,9 +184,9 @@ def _launch_down(inter, wd, y, sorted_ids, block_expert, n_post, weights, tiles)
 
 
 def _launch_sum(y, ids, out, n_exp, top_k):
-    from m3bench.runtime.kernels.moe_triton import _moe_sum_kernel
+    from m3bench.runtime.kernels.moe_triton import moe_sum_kernel
 
     block_n = min(1024, next_pow2(out.shape[1]))
     grid = (out.shape[0], math.ceil(out.shape[1] / block_n))
-    _moe_sum_kernel[grid](y, ids, out, y.stride(0), out.stride(0), E=n_exp, H=out.shape[1],
+    moe_sum_kernel[grid](y, ids, out, y.stride(0), out.stride(0), E=n_exp, H=out.shape[1],
                           TOPK=top_k, BLOCK_N=block_n, num_warps=4)

@@ -13,7 +13,7 @@ from m3bench.runtime.kernels.kv_tiles_triton import mma
 
 
 @triton.jit(do_not_specialize=["n_pairs"])
-def _moe_align_kernel(
+def moe_align_kernel(
     ids_ptr, n_pairs, sorted_ptr, block_expert_ptr, n_post_ptr,
     E: tl.constexpr, BLOCK_M: tl.constexpr, NP: tl.constexpr,
 ):
@@ -56,7 +56,7 @@ def _block_rows(sorted_ptr, block_expert_ptr, n_pairs, pid_m, BLOCK_M: tl.conste
 
 
 @triton.jit(do_not_specialize=["n_pairs"])
-def _moe_gate_up_kernel(
+def moe_gate_up_kernel(
     x_ptr, wg_ptr, wu_ptr, inter_ptr, sorted_ptr, block_expert_ptr, n_post_ptr, n_pairs,
     alpha, limit, s_xt, s_ge, s_gn, s_ue, s_un, s_it,
     H: tl.constexpr, I: tl.constexpr, TOPK: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -87,7 +87,7 @@ def _moe_gate_up_kernel(
 
 
 @triton.jit(do_not_specialize=["n_pairs"])
-def _moe_down_kernel(
+def moe_down_kernel(
     inter_ptr, wd_ptr, y_ptr, sorted_ptr, block_expert_ptr, n_post_ptr, weights_ptr, n_pairs,
     s_it, s_de, s_dn, s_yp,
     I: tl.constexpr, H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -114,7 +114,7 @@ def _moe_down_kernel(
 
 
 @triton.jit
-def _moe_sum_kernel(
+def moe_sum_kernel(
     y_ptr, ids_ptr, out_ptr, s_yp, s_ot, E: tl.constexpr, H: tl.constexpr, TOPK: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):

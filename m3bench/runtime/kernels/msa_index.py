@@ -61,7 +61,7 @@ def msa_select_blocks(
 
 
 def _launch_scores(iq, ik_cache, block_tables, seq_lens, qsl, init_blocks, scores, max_q, n_seg):
-    from m3bench.runtime.kernels.msa_index_triton import _block_scores_kernel
+    from m3bench.runtime.kernels.msa_index_triton import block_scores_kernel
 
     n_req, (_, hi, d), page = block_tables.shape[0], iq.shape, ik_cache.shape[1]
     data, sc, gs = cache_kernel_args(ik_cache)
@@ -71,7 +71,7 @@ def _launch_scores(iq, ik_cache, block_tables, seq_lens, qsl, init_blocks, score
     if n_seg is None:
         n_seg = min(MAX_SEGMENTS, block_tables.shape[1], max(1, target_programs(iq) // (n_req * n_qblk)))
     tile = min(page, 64)
-    _block_scores_kernel[(n_req * n_qblk, n_seg)](
+    block_scores_kernel[(n_req * n_qblk, n_seg)](
         iq, data, sc, gs, scores, block_tables, seq_lens, qsl, n_qblk, n_seg,
         iq.stride(0), iq.stride(1), data.stride(0), data.stride(1), sc.stride(0), sc.stride(1),
         block_tables.stride(0), scores.stride(0), scores.stride(1),
@@ -82,11 +82,11 @@ def _launch_scores(iq, ik_cache, block_tables, seq_lens, qsl, init_blocks, score
 
 
 def _launch_topk(scores, out, page, seq_lens, qsl, topk, max_q):
-    from m3bench.runtime.kernels.msa_index_triton import _topk_kernel
+    from m3bench.runtime.kernels.msa_index_triton import topk_kernel
 
     n_req, hi = seq_lens.shape[0], scores.shape[1]
     chunk = min(MAX_TOPK_CHUNK, max(16, next_pow2(scores.shape[-1])))
-    _topk_kernel[(n_req * max_q, hi)](
+    topk_kernel[(n_req * max_q, hi)](
         scores, out, seq_lens, qsl, max_q,
         scores.stride(0), scores.stride(1), out.stride(0), out.stride(1),
         PAGE=page, TOPK=topk, TOPK_P2=next_pow2(topk), CHUNK=chunk,

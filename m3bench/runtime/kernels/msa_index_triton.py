@@ -1,10 +1,10 @@
 """Triton MSA indexer: block scores over the paged index keys, then top-k with forced blocks.
 
-_block_scores_kernel, grid (B * n_qblk, n_seg): rows = BLOCK_Q tokens x HI index heads of one
+block_scores_kernel, grid (B * n_qblk, n_seg): rows = BLOCK_Q tokens x HI index heads of one
 request (>= 16 rows, one shared index-key head); the request's blocks are split over n_seg
 programs (split over the context). Each block's score is the max over its keys j <= pos of
 iq . ik[j] (fp32 accumulation); the local block gets +inf, init blocks INIT_SCORE.
-_topk_kernel, grid (B * max_q, HI): merges the segments' scores of one (token, head) row into
+topk_kernel, grid (B * max_q, HI): merges the segments' scores of one (token, head) row into
 the TOPK best blocks, sorted (score desc, block id asc), -1 padded.
 """
 
@@ -18,7 +18,7 @@ NO_BLOCK = tl.constexpr(2147483647)
 
 
 @triton.jit(do_not_specialize=["n_qblk", "n_seg"])
-def _block_scores_kernel(
+def block_scores_kernel(
     iq_ptr, ik_ptr, iks_ptr, ikgs_ptr, scores_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, n_qblk, n_seg,
     s_qt, s_qh, s_kp, s_kt, s_ksp, s_kst, s_bt, s_st, s_sh,
     HI: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, TILE: tl.constexpr,
@@ -69,7 +69,7 @@ def _block_scores_kernel(
 
 
 @triton.jit(do_not_specialize=["max_q"])
-def _topk_kernel(
+def topk_kernel(
     scores_ptr, out_ptr, seq_lens_ptr, qsl_ptr, max_q, s_st, s_sh, s_ot, s_oh,
     PAGE: tl.constexpr, TOPK: tl.constexpr, TOPK_P2: tl.constexpr,
     CHUNK: tl.constexpr, ONE_CHUNK: tl.constexpr,

@@ -14,6 +14,7 @@ p+1..p+k, as the runtime's chain does, and predicts x[p+2+k]. tests check it equ
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Mapping, Sequence
 
 import torch
@@ -231,11 +232,12 @@ def distill_tiny_draft(target_dir, dest, plan: TinyDistill = TinyDistill(), devi
                        texts: Sequence[str] | None = None) -> dict:
     """Distil and write (bf16) an Eagle3 draft for the checkpoint at `target_dir` on its continuations of
     chat prompts made from `texts`; returns the teacher-forced accuracy per unrolled step on that data."""
+    from m3bench.runtime.engine_config import DType, EngineConfig
     from m3bench.runtime.llm import LLM, SamplingParams
     from m3bench.runtime.speculative.tiny_draft import tiny_draft_config, write_draft_dir
 
-    llm = LLM(str(target_dir), device=device, dtype="float32", kv_cache_dtype="auto", max_batch_size=256,
-              num_kv_blocks=256 * 4, async_scheduling=False)
+    llm = LLM.from_config(EngineConfig(Path(target_dir), device=device, dtype=DType.FLOAT32, max_batch_size=256,
+                                       num_kv_blocks=256 * 4, cuda_graphs=False, async_scheduling=False))
     cfg = tiny_draft_config(llm.config)
     prompts = chat_prompts(llm, plan.num_prompts, plan.train.seed, texts)
     outs = llm.generate(prompts, SamplingParams(max_tokens=plan.new_tokens, ignore_eos=True))

@@ -38,6 +38,7 @@ from m3bench.runtime.speculative.draft_kv import draft_slots
 from m3bench.runtime.speculative.propose import sample_draft
 from m3bench.runtime.speculative.stats import AcceptanceRecord
 from m3bench.runtime.speculative.synthetic import SyntheticAcceptance, force_acceptance
+from m3bench.runtime.step_timing import NO_CLOCK
 from m3bench.runtime.speculative.verify import (
     VerifyResult, draw_uniforms, target_distribution, verify_greedy, verify_sampled,
 )
@@ -92,6 +93,8 @@ def eligible(seq: Sequence) -> bool:
 
 
 class SpecRunner:
+    clock: Any = NO_CLOCK  # engine_builder sets the engine's StepClock (runtime/step_timing.py)
+
     def __init__(self, model: Any, kv: KVCache, bm: BlockManager, draft: Eagle3Draft, layout: Any,
                  spec: SpecConfig, capture_layers: tuple[int, ...], max_tokens: int,
                  generator: torch.Generator) -> None:
@@ -144,10 +147,11 @@ class SpecRunner:
     @torch.inference_mode()
     def run_target(self, step: TargetStep) -> torch.Tensor:
         """Logits [N, V] float32 of step.logits_idx; the capture-layer residuals land in the buffer."""
-        if self.graphs is not None and self.graphs.fits_verify(step):
-            return self.graphs.run_verify(step)
-        hidden = self.model(step.input_ids, step.positions, step.meta, self.kv, self.capture)
-        return self.model.compute_logits(hidden[step.logits_idx])
+        with self.clock.forward():
+            if self.graphs is not None and self.graphs.fits_verify(step):
+                return self.graphs.run_verify(step)
+            hidden = self.model(step.input_ids, step.positions, step.meta, self.kv, self.capture)
+            return self.model.compute_logits(hidden[step.logits_idx])
 
     # ---- verification --------------------------------------------------------------------------
     @torch.inference_mode()
@@ -188,6 +192,10 @@ class SpecRunner:
     @torch.inference_mode()
     def propose(self, extends: list[Extend]) -> None:
         """Extend the draft's KV over the newly verified positions; chain K drafts for proposing rows."""
+        with self.clock.forward():
+            self._propose(extends)
+
+    def _propose(self, extends: list[Extend]) -> None:
         for e in extends:
             self.states[e.seq.request_id] = DraftState([])
             self.layout.reserve(e.seq, e.end + (self.K - 1 if e.propose else 0))

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from m3bench.runtime.engine import Engine, RequestDelta, _delta, _tops, mark_scheduled
+from m3bench.runtime.engine import Engine, RequestDelta, make_delta, mark_scheduled, sampled_tops
 from m3bench.runtime.sequence import FinishReason, Sequence
 from m3bench.runtime.speculative.runner import Extend, Row, SpecRunner, TargetStep, eligible
 
@@ -28,7 +28,7 @@ class SpecEngine(Engine):
 
     def step(self) -> list[RequestDelta]:
         batch = self.scheduler.schedule()
-        dropped = [_delta(s, (), "", ()) for s in self.scheduler.drain_dropped()]
+        dropped = [make_delta(s, (), "", ()) for s in self.scheduler.drain_dropped()]
         if batch is None:
             return dropped
         mark_scheduled(batch)
@@ -62,7 +62,7 @@ class SpecEngine(Engine):
             else:
                 self._computed(row, extends)
                 if seq.is_score and seq.finished:
-                    deltas.append(_delta(seq, (), "", ()))
+                    deltas.append(make_delta(seq, (), "", ()))
         return deltas
 
     @staticmethod
@@ -77,7 +77,7 @@ class SpecEngine(Engine):
         if sampled is None:
             return [], None, None
         lps = sampled.logprobs.tolist() if sampled.logprobs is not None else None
-        return sampled.token_ids.tolist(), lps, _tops(sampled)
+        return sampled.token_ids.tolist(), lps, sampled_tops(sampled)
 
     def _accept(self, row: Row, a: int, out: list[int], now: float, extends: list[Extend]) -> RequestDelta:
         """Emit the a accepted drafts and the bonus / correction token; the KV keeps L + a + 1 positions."""

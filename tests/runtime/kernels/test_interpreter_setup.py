@@ -16,7 +16,7 @@ import os, sys, triton  # triton first, as another test of the same process migh
 os.environ["TRITON_INTERPRET"] = "1"
 from m3bench.runtime.kernels import attention_triton
 from triton.runtime.interpreter import InterpretedFunction
-assert isinstance(attention_triton._paged_attn_kernel, InterpretedFunction)
+assert isinstance(attention_triton.paged_attn_kernel, InterpretedFunction)
 """
 
 NO_TRITON = """

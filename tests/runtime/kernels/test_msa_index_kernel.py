@@ -89,3 +89,21 @@ def test_prefill_chunk_spans_several_query_blocks():
     case = make_case(15, q_lens=[40, 2], seq_lens=[100, 70], hi=4, hkv=4)
     got, want = _select(case, topk=3, init_blocks=1, num_segments=2, max_query_len=40)
     assert torch.equal(got, want)
+
+
+def test_chunked_prefill_selection_equals_whole_prompt():
+    """A long prompt prefilled in chunks (each chunk's queries against every index key written so far)
+    selects the same blocks as the whole prompt at once: 18 blocks, top-4, chunks of 100 tokens."""
+    n, chunk = 288, 100
+    case = make_case(16, q_lens=[n], seq_lens=[n], hi=1, hkv=1, page=16)
+    whole, _ = _select(case, topk=4, init_blocks=1, max_query_len=n)
+    parts = []
+    for t0 in range(0, n, chunk):
+        t1 = min(n, t0 + chunk)
+        out = torch.empty((t1 - t0, 1, 4), dtype=torch.int32)
+        msa_select_blocks(case.iq[t0:t1], case.ik_cache, case.block_tables, torch.tensor([t1], dtype=torch.int32),
+                          torch.tensor([0, t1 - t0], dtype=torch.int32), 4, 1, out=out,
+                          backend=KernelBackend.TRITON, max_query_len=t1 - t0)
+        parts.append(out)
+    assert torch.equal(torch.cat(parts), whole)
+    assert (whole[-1] >= 0).all() and len(set(whole[-60:, 0, 2:].flatten().tolist())) > 3  # selection varies

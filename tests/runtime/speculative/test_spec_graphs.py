@@ -7,7 +7,8 @@ synthetic acceptance; the replay counters show the static path ran. (CUDA: test_
 from __future__ import annotations
 
 import pytest
-import m3bench.runtime.llm as llm_module
+import m3bench.runtime.engine_builder as engine_builder
+import m3bench.runtime.engine_config as engine_config
 from engine_spec_helpers import LLM, OracleDraft, SamplingParams, llm_args, random_draft, random_prompts, small_model
 from m3bench.runtime.errors import InputError
 
@@ -21,8 +22,9 @@ def model():
 
 @pytest.fixture
 def cpu_graphs(monkeypatch):
-    """LLM(cuda_graphs=True) on the CPU (the CUDA-device check is what is lifted)."""
-    monkeypatch.setattr(llm_module, "_check_graphs", lambda *a: None)
+    """LLM(cuda_graphs=True) on the CPU (the CUDA-device and graph-safe backend checks are what is lifted)."""
+    monkeypatch.setattr(engine_config, "check_modes", lambda cfg: None)
+    monkeypatch.setattr(engine_builder, "check_graphs", lambda *a: None)
 
 
 def _run(model, prompts, draft, layout, k, graphs, params, **over):
