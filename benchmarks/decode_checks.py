@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 from decode_floor import TINY, M3Shapes, pages_per_seq
-from decode_setup import fill_random_, hf_m3_config, our_config, set_fast_path
+from decode_setup import fill_random_, hf_m3_config, our_config, rank_model, set_fast_path
 
 
 @torch.inference_mode()
@@ -13,7 +13,7 @@ def _path_outputs(model, kv_dtype, steps, tables, s: M3Shapes, dev) -> list[torc
     from m3bench.runtime.attention.metadata import build_attn_metadata
     from m3bench.runtime.kv_cache import KVCache
 
-    kv = KVCache(model.cfg, sum(len(t) for t in tables) + 1, s.page, kv_dtype, model.dtype, dev)
+    kv = KVCache(model.cfg, sum(len(t) for t in tables) + 1, s.page, kv_dtype, model.dtype, dev, model.tp)
     g = torch.Generator().manual_seed(5)
     outs = []
     for q_lens, seq_lens in steps:
@@ -28,14 +28,12 @@ def check_fast_path(s: M3Shapes, dev: torch.device, tiny: bool) -> list[dict]:
     (In bf16 a whole-model comparison is not meaningful: rounding flips discrete expert / block
     choices; bf16 is checked per component in check_components.)"""
     from m3bench.runtime.kv_cache import KVDtype
-    from m3bench.runtime.model import M3ForCausalLM
 
     lens = [40, 21] if tiny else [2600, 700]
     steps = [(lens, lens), ([1, 1], [n + 1 for n in lens]), ([3, 3], [n + 4 for n in lens])]
     n0, n1 = (pages_per_seq(s, n + 8) for n in lens)
     tables = [list(range(n1, n1 + n0)), list(range(n1))]  # shuffled: sequence 1 owns the low pages
-    model = M3ForCausalLM(our_config(hf_m3_config(s, s.dense_layers + 1, 8192)), dtype=torch.float32, device=dev)
-    model.init_dummy(1)
+    model = rank_model(s, our_config(hf_m3_config(s, s.dense_layers + 1, 8192)), torch.float32, dev, None, seed=1)
     got = [None, None]
     for on in (False, True):
         set_fast_path(model, on)
@@ -62,7 +60,6 @@ def check_components(s: M3Shapes, dev: torch.device, tiny: bool) -> list[dict]:
     from m3bench.runtime.attention.torch_backend import TorchBackend
     from m3bench.runtime.attention.triton_backend import TritonBackend
     from m3bench.runtime.kv_cache import KVCache, KVDtype
-    from m3bench.runtime.model import M3ForCausalLM
 
     cfg = our_config(hf_m3_config(s, s.dense_layers + 1, 8192))
     lens = [40, 21, 33] if tiny else [2600, 700, 3000]
@@ -70,19 +67,18 @@ def check_components(s: M3Shapes, dev: torch.device, tiny: bool) -> list[dict]:
     for n in lens:
         tables.append(list(range(at, at + pages_per_seq(s, n))))
         at += len(tables[-1])
-    kv = KVCache(cfg, at, s.page, KVDtype.FP8, torch.bfloat16, dev)
+    model = rank_model(s, cfg, torch.bfloat16, dev, None, seed=2)
+    kv = KVCache(cfg, at, s.page, KVDtype.FP8, torch.bfloat16, dev, model.tp)
     fill_random_(kv)
     meta = build_attn_metadata([1, 1, 3], lens, tables, s.page, dev)
     g = torch.Generator(device=dev).manual_seed(3)
     q = torch.randn(5, s.heads, s.head_dim, generator=g, device=dev, dtype=torch.bfloat16)
-    iq = torch.randn(5, s.index_heads, s.index_dim, generator=g, device=dev, dtype=torch.bfloat16)
+    iq = torch.randn(5, s.kv_heads, s.index_dim, generator=g, device=dev, dtype=torch.bfloat16)  # the rank's heads
     sc, sparse = s.head_dim ** -0.5, cfg.sparse_layers[0]
     fast, ref = TritonBackend(), TorchBackend()
     rows = [_check_row("bf16 dense attention, fp8 KV", _rel(fast.dense(0, q, meta, kv, sc), ref.dense(0, q, meta, kv, sc)), 2e-2),
             _check_row("bf16 MSA attention, fp8 KV", _rel(fast.msa(sparse, q, iq, meta, kv, sc, cfg.msa),
                                                           ref.msa(sparse, q, iq, meta, kv, sc, cfg.msa)), 2e-2)]
-    model = M3ForCausalLM(cfg, dtype=torch.bfloat16, device=dev)
-    model.init_dummy(2)
     moe = model.layers[sparse].mlp
     x = torch.randn(37, s.hidden, generator=g, device=dev, dtype=torch.bfloat16)
     from m3bench.runtime.layers.moe import route

@@ -1,7 +1,13 @@
 """Bytes and floor arithmetic of one decode step at MiniMax-M3's per-GPU TP8/EP8 shapes
-(docs/performance.md): weights read (E(1-(1-k/E)^B) distinct experts per MoE layer), KV read
-(dense layers: the whole context; MSA layers: top-k pages) and index keys read (the whole
-context), over 4.3 TB/s; plus how many layers fit in a memory budget. Pure Python.
+(docs/performance.md): weights read (the local experts some token routed to: counted from the
+routing that ran, or expected E_local(1-(1-k/E_total)^B)), KV read (dense layers: the whole
+context; MSA layers: top-k pages) and index keys read (the whole context), over 4.3 TB/s; plus
+how many layers fit in a memory budget. Pure Python.
+
+Two shape sets: `M3Shapes()` (world 1: 16 experts top-4, every pick local, one index head: the
+shapes the 47-layer runs of docs/performance.md used) and `RANK` (one faithful TP8/EP8 rank: the
+router over all 128 experts of which the rank owns 16, the 4 KV heads duplicated to 1 per rank,
+the index projection replicated: all 4 index heads of 128 computed on every rank).
 """
 
 from __future__ import annotations
@@ -34,11 +40,27 @@ class M3Shapes:
     topk_blocks: int = 16
     weight_bytes: int = 2  # bf16
     kv_bytes: int = 1  # fp8 e4m3
+    world: int = 1  # TP / EP ranks the full model is spread over; the fields above are one rank's
+    global_kv_heads: int = 0  # the full model's KV heads (0: kv_heads * world)
+
+    @property
+    def router_experts(self) -> int:
+        """Experts the router scores (all of them); `experts` are the ones this rank owns."""
+        return self.experts * self.world
+
+    @property
+    def full_kv_heads(self) -> int:
+        return self.global_kv_heads or self.kv_heads * self.world
 
 
 TINY = M3Shapes(hidden=64, heads=4, kv_heads=1, head_dim=32, rotary_dim=16, index_heads=1, index_dim=32,
                 experts=4, top_k=2, expert_inter=32, shared_inter=16, dense_inter=64, dense_layers=1,
                 vocab=256, page=16, topk_blocks=2)
+
+RANK = M3Shapes(index_heads=4, world=8, global_kv_heads=4)
+TINY_RANK = M3Shapes(hidden=64, heads=2, kv_heads=1, head_dim=32, rotary_dim=16, index_heads=4, index_dim=32,
+                     experts=4, top_k=4, expert_inter=32, shared_inter=16, dense_inter=64, dense_layers=1,
+                     vocab=32, page=16, topk_blocks=2, world=8, global_kv_heads=4)
 
 
 # ---- bytes and floor (pure arithmetic) --------------------------------------------------------
@@ -46,6 +68,12 @@ TINY = M3Shapes(hidden=64, heads=4, kv_heads=1, head_dim=32, rotary_dim=16, inde
 def distinct_experts(E: int, k: int, B: int) -> float:
     """Expected distinct experts hit by B tokens choosing k of E uniformly: E (1 - (1 - k/E)^B)."""
     return E * (1.0 - (1.0 - k / E) ** B)
+
+
+def expected_local_experts(s: M3Shapes, B: int) -> float:
+    """Expected distinct local experts read when B tokens pick top_k of all router_experts
+    uniformly: E_local (1 - (1 - k / E_total)^B)."""
+    return s.experts * (1.0 - (1.0 - s.top_k / s.router_experts) ** B)
 
 
 def attn_weight_bytes(s: M3Shapes, sparse: bool) -> int:
@@ -60,8 +88,8 @@ def expert_bytes(s: M3Shapes) -> int:
 
 
 def moe_fixed_bytes(s: M3Shapes) -> int:
-    """Router (fp32 weight + bias) and the shared expert: read every step."""
-    return (s.experts * s.hidden + s.experts) * 4 + 3 * s.shared_inter * s.hidden * s.weight_bytes
+    """Router over all experts (fp32 weight + bias) and the shared expert: read every step."""
+    return (s.router_experts * s.hidden + s.router_experts) * 4 + 3 * s.shared_inter * s.hidden * s.weight_bytes
 
 
 def layer_kinds(s: M3Shapes, layers: int) -> list[bool]:
@@ -69,13 +97,20 @@ def layer_kinds(s: M3Shapes, layers: int) -> list[bool]:
     return [i >= s.dense_layers for i in range(layers)]
 
 
-def weight_bytes_read(s: M3Shapes, layers: int, B: int) -> float:
-    """Bytes of weights one decode step of B tokens reads (lm_head whole, B embedding rows)."""
+def weight_bytes_read(s: M3Shapes, layers: int, B: int, experts_read: list[float] | None = None) -> float:
+    """Bytes of weights one decode step of B tokens reads (lm_head whole, B embedding rows);
+    experts_read: distinct local experts read per MoE layer (None: the uniform expectation)."""
     total = s.vocab * s.hidden * s.weight_bytes + B * s.hidden * s.weight_bytes + s.hidden * s.weight_bytes
+    moe_layers = sum(layer_kinds(s, layers))
+    if experts_read is None:
+        experts_read = [expected_local_experts(s, B)] * moe_layers
+    if len(experts_read) != moe_layers:
+        raise ValueError(f"experts_read has {len(experts_read)} entries for {moe_layers} MoE layers")
+    reads = iter(experts_read)
     for sparse in layer_kinds(s, layers):
         total += attn_weight_bytes(s, sparse)
         if sparse:
-            total += moe_fixed_bytes(s) + distinct_experts(s.experts, s.top_k, B) * expert_bytes(s)
+            total += moe_fixed_bytes(s) + next(reads) * expert_bytes(s)
         else:
             total += 3 * s.dense_inter * s.hidden * s.weight_bytes
     return total
@@ -108,8 +143,8 @@ class Floor:
         return self.total_bytes / PEAK_BYTES_PER_S * 1e3
 
 
-def floor_of(s: M3Shapes, layers: int, B: int, ctx: int) -> Floor:
-    return Floor(weight_bytes_read(s, layers, B), kv_bytes_read(s, layers, B, ctx),
+def floor_of(s: M3Shapes, layers: int, B: int, ctx: int, experts_read: list[float] | None = None) -> Floor:
+    return Floor(weight_bytes_read(s, layers, B, experts_read), kv_bytes_read(s, layers, B, ctx),
                  index_bytes_read(s, layers, B, ctx))
 
 
@@ -120,7 +155,7 @@ def pages_per_seq(s: M3Shapes, ctx: int) -> int:
 
 def total_weight_bytes(s: M3Shapes, layers: int) -> float:
     """Every weight resident on the GPU (embedding and lm_head both, all local experts)."""
-    return weight_bytes_read(s, layers, 0) + s.vocab * s.hidden * s.weight_bytes + sum(
+    return weight_bytes_read(s, layers, 0, [0.0] * sum(layer_kinds(s, layers))) + s.vocab * s.hidden * s.weight_bytes + sum(
         s.experts * expert_bytes(s) for sp in layer_kinds(s, layers) if sp)
 
 

@@ -9,17 +9,45 @@ import time
 import torch
 from decode_floor import M3Shapes, layer_kinds, pages_per_seq
 
+from m3bench.runtime.parallel import TPGroup
+
+
+class SoloRank(TPGroup):
+    """One rank of a TP/EP world run alone on one GPU: its share of every layer, collectives
+    skipped (all-reduce: the local partial; all-gather: the local vocab slice of the logits).
+    Feed it token ids of its own vocabulary slice: others embed to zeros without the all-reduce."""
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        return x
+
+
+def rank_model(s: M3Shapes, cfg, dtype: torch.dtype, dev: torch.device, backend, seed: int = 0):
+    """The model one rank of s.world runs (rank 0), dummy weights; the index projection replicated."""
+    from m3bench.runtime.model import M3ForCausalLM
+
+    tp = SoloRank(0, s.world) if s.world > 1 else None
+    model = M3ForCausalLM(cfg, dtype=dtype, device=dev, tp=tp, backend=backend)
+    for layer in model.layers:
+        layer.attn.replicate_index_projection()
+    model.init_dummy(seed)
+    return model
+
 
 def m3_hf_kwargs(s: M3Shapes, layers: int, max_pos: int) -> dict:
-    """MiniMaxM3VLTextConfig keyword arguments at the given shapes (also parsed by ModelConfig)."""
-    kinds = layer_kinds(s, layers)
+    """MiniMaxM3VLTextConfig keyword arguments of the full model whose rank has shapes s (world 1:
+    s itself; also parsed by ModelConfig). Index heads are the full model's (replicated per rank)."""
+    kinds, w = layer_kinds(s, layers), s.world
     return {
-        "vocab_size": s.vocab, "hidden_size": s.hidden, "intermediate_size": s.expert_inter, "num_hidden_layers": layers,
-        "num_attention_heads": s.heads, "num_key_value_heads": s.kv_heads, "head_dim": s.head_dim,
+        "vocab_size": s.vocab * w, "hidden_size": s.hidden, "intermediate_size": s.expert_inter,
+        "num_hidden_layers": layers, "num_attention_heads": s.heads * w, "num_key_value_heads": s.full_kv_heads,
+        "head_dim": s.head_dim,
         "rotary_dim": s.rotary_dim, "rope_parameters": {"rope_type": "default", "rope_theta": 5e6,
                                                       "partial_rotary_factor": s.rotary_dim / s.head_dim},
-        "dense_intermediate_size": s.dense_inter, "shared_intermediate_size": s.shared_inter,
-        "num_local_experts": s.experts, "num_experts_per_tok": s.top_k, "routed_scaling_factor": 2.0,
+        "dense_intermediate_size": s.dense_inter * w, "shared_intermediate_size": s.shared_inter * w,
+        "num_local_experts": s.router_experts, "num_experts_per_tok": s.top_k, "routed_scaling_factor": 2.0,
         "mlp_layer_types": ["sparse" if k else "dense" for k in kinds],
         "layer_types": ["minimax_m3_sparse" if k else "full_attention" for k in kinds],
         "index_n_heads": s.index_heads, "index_head_dim": s.index_dim, "index_block_size": s.page,
@@ -129,6 +157,18 @@ def decode_meta(s: M3Shapes, B: int, ctx: int, dev: torch.device):
     return AttnMetadata(query_start_loc=torch.arange(B + 1, dtype=torch.int32, device=dev),
                         seq_lens=torch.full((B,), ctx + 1, dtype=torch.int32, device=dev), block_tables=tables,
                         slot_mapping=slots, positions=pos, query_lens_host=[1] * B, seq_lens_host=[ctx + 1] * B)
+
+
+def set_fused_ops(model, on: bool) -> None:
+    """The fused norm + RoPE + KV write, add + norm and router epilogue on the Triton backend (on), or
+    the fast path as it was before them (off: Triton attention + fused MoE, those ops in torch)."""
+    from m3bench.runtime.layers.moe import SparseMoe
+
+    if hasattr(model.backend, "fuse_ops"):
+        model.backend.fuse_ops = on
+    for layer in model.layers:
+        if isinstance(layer.mlp, SparseMoe):
+            layer.mlp.fuse_router = on
 
 
 def set_fast_path(model, on: bool) -> None:

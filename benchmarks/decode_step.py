@@ -1,24 +1,33 @@
-"""Decode-step benchmark of the m3bench runtime at MiniMax-M3's per-GPU TP8/EP8 shapes, against the
-bytes floor of docs/performance.md, with transformers on the same GPU as the baseline.
+"""Decode-step benchmark of the m3bench runtime as one faithful TP8/EP8 rank of MiniMax-M3, against
+the bytes floor of docs/performance.md, with transformers on the same GPU as the baseline.
 
     python benchmarks/decode_step.py                 # H200, < 8 min; table last; JSON to $OUT if set
     python benchmarks/decode_step.py --quick         # ~1 min smoke run on the GPU
     python benchmarks/decode_step.py --cpu-smoke     # tiny shapes on CPU (torch paths, no graphs)
+    python benchmarks/decode_step.py --profile       # kernels per layer (torch profiler), B = 1 and 64
 
-Per-GPU shapes (M3 under TP8 attention / EP8 experts): hidden 6144, 8 query heads, 1 KV head
-(4 KV heads over 8 ranks: each rank holds one, duplicated) with its 1 index head of dim 128 (the
-index key head is shared), head_dim 128, rotary 64; layers 0-2 dense (MLP 12288/8 = 1536), the rest
-MSA + MoE with the 16 local experts of 3072 run as a 16-expert top-4 model (each token's 4 picks all
-local: the heaviest case for one rank), shared expert 3072/8 = 384; vocab 200064/8 = 25008; bf16
-weights, FP8 KV (K, V and index keys), page 128, top-16 blocks. `--layers` defaults to as many as fit
-in ~120 GB next to the KV of the largest batch x context; the floor is computed for the same layers.
+The rank (decode_floor.RANK, rank 0 of 8, run alone: collectives skipped, SoloRank): the full
+model's config (64 query heads, 4 KV heads, 4 index heads, 128 experts, vocab 200064) sharded by the
+runtime's own TP code: 8 query heads, the KV head duplicated to 1 per rank, the index projection
+replicated (all 4 index heads of 128 computed, the one serving the rank's KV head kept), a router
+over all 128 experts of which the rank owns 16, shared expert 3072/8, dense MLP 12288/8, vocab
+200064/8 = 25008; head_dim 128, rotary 64; bf16 weights, FP8 KV (K, V and index keys), page 128,
+top-16 blocks. `--layers` defaults to as many as fit in `--budget-gb` next to the KV of the
+largest batch x context (60 at contexts up to 8k in 120 GB).
+
+Two routings per configuration, side by side: `realistic` (the dummy router as drawn: about
+4 x 16/128 = 0.5 local picks per token; the table reports what the step produced) and `all-local`
+(the rank's experts biased up so every pick is local: the worst case, the rows of the earlier
+runs). Each row's floor counts the distinct local experts that routing actually read.
 
 One decode step = the model forward of B tokens (one per sequence, each at position ctx) plus the
-logits of all B rows; timed as CUDA-graph replays with CUDA events, median after warm-up. Floor:
-(weights read incl. E(1-(1-k/E)^B) distinct experts per MoE layer + KV read + index keys read) /
-4.3 TB/s. Baselines: a Qwen2.5-0.5B-shaped dense model through `LLM.generate` vs transformers'
-`generate` (tokens/s incl. a 128-token prefill, batch 1 and 16), and transformers' MiniMaxM3
-(`MiniMaxM3VLForCausalLM`, eager, bf16 DynamicCache, 4 layers: 3 dense + 1 MSA/MoE) per-layer step.
+logits of the rank's vocab slice; the token ids come from the rank's own vocabulary slice (a token
+outside it would embed to zeros here: its rows arrive through the embedding all-reduce skipped); timed as CUDA-graph replays with CUDA events, median after
+warm-up; no all-reduces (one GPU; TP8 adds two per layer, ~10 us each at batch 1: an estimate).
+vLLM's anchor is printed beside it: 8.4 ms per token for 60 layers on 8 x H200 (TP8, concurrency 4,
+all-reduces included), ~140 us per layer. Baselines: a Qwen2.5-0.5B-shaped dense model through
+`LLM.generate` vs transformers' `generate` (batch 1 and 16), and transformers' MiniMaxM3
+(`MiniMaxM3VLForCausalLM`, eager, 4 layers at the old world-1 per-GPU shapes) per-layer step.
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the m3bench package
@@ -39,13 +48,16 @@ import torch
 from decode_checks import check_components, check_engine_graphs, check_fast_path
 from decode_floor import (
     GB,
+    RANK,
     TINY,
+    TINY_RANK,
     M3Shapes,
     floor_of,
     layers_that_fit,
     pages_per_seq,
     resident_bytes,
 )
+from decode_routing import Routing, routing_stats, set_routing
 from decode_setup import (
     decode_meta,
     engine_step_ms,
@@ -56,9 +68,13 @@ from decode_setup import (
     median_ms,
     our_config,
     qwen_config,
+    rank_model,
     replay_ms,
+    set_fused_ops,
     sync,
 )
+
+VLLM_ANCHOR_MS, VLLM_ANCHOR_LAYERS = 8.4, 60  # MiniMax-M3, 8 x H200, TP8, concurrency 4 (docs/performance.md)
 
 
 @dataclass(frozen=True)
@@ -73,59 +89,74 @@ class Plan:
     qwen_batches: tuple[int, ...]
     hf_m3_cases: tuple[tuple[int, int], ...]  # (batch, context)
     hf_m3_steps: int
+    baseline_shapes: M3Shapes = M3Shapes()  # transformers' M3: world-1 per-GPU shapes
+    routings: tuple[Routing, ...] = (Routing.REALISTIC, Routing.ALL_LOCAL)
+    unfused: bool = False  # --unfused: the fast path before the fused norm/RoPE/KV-write, add+norm, router
 
 
-def our_m3_steps(plan: Plan, dev: torch.device) -> list[dict]:
+def build_rank(plan: Plan, dev: torch.device):
+    """(model, kv) of the benchmark's rank: dummy weights, random FP8 KV for the largest case."""
     from m3bench.runtime.attention.select import make_backend
     from m3bench.runtime.kv_cache import KVCache, KVDtype
-    from m3bench.runtime.model import M3ForCausalLM
 
     s = plan.shapes
     cfg = our_config(hf_m3_config(s, plan.layers, max(plan.contexts) * 2 + s.page))
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     backend = make_backend("auto", dev, cfg, s.page)  # Triton on CUDA (fused MoE too), torch on CPU
-    model = M3ForCausalLM(cfg, dtype=dtype, device=dev, backend=backend)
-    print(f"  attention backend {type(backend).__name__}", flush=True)
-    model.init_dummy(0)
+    model = rank_model(s, cfg, dtype, dev, backend)
+    print(f"  attention backend {type(backend).__name__}; rank 0 of {s.world}", flush=True)
     pages = max(plan.batches) * pages_per_seq(s, max(plan.contexts)) + 1
-    kv = KVCache(cfg, pages, s.page, KVDtype.FP8, dtype, dev)
+    kv = KVCache(cfg, pages, s.page, KVDtype.FP8, dtype, dev, model.tp)
     fill_random_(kv)
+    return model, kv
+
+
+def our_m3_steps(plan: Plan, dev: torch.device) -> list[dict]:
+    model, kv = build_rank(plan, dev)
+    set_fused_ops(model, not plan.unfused)
     rows = []
     for ctx in plan.contexts:
         for B in plan.batches:
-            try:
-                rows.append(_one_config(plan, model, kv, B, ctx, dev))
-            except Exception as e:  # noqa: BLE001 - record it, keep the other configurations
-                rows.append({"batch": B, "context": ctx, "error": f"{type(e).__name__}: {str(e)[:300]}"})
-                print(f"  B={B} ctx={ctx} FAILED: {rows[-1]['error']}", flush=True)
-                _free(dev)
-                continue
-            print(_row_line(rows[-1]), flush=True)
+            for routing in plan.routings:
+                try:
+                    set_routing(model, routing)
+                    rows.append(_one_config(plan, model, kv, B, ctx, routing, dev))
+                except Exception as e:  # noqa: BLE001 - record it, keep the other configurations
+                    rows.append({"batch": B, "context": ctx, "routing": routing.value,
+                                 "error": f"{type(e).__name__}: {str(e)[:300]}"})
+                    print(f"  B={B} ctx={ctx} {routing.value} FAILED: {rows[-1]['error']}", flush=True)
+                    _free(dev)
+                    continue
+                print(_row_line(rows[-1]), flush=True)
     del model, kv
     return rows
 
 
 @torch.inference_mode()
-def _one_config(plan: Plan, model, kv, B: int, ctx: int, dev: torch.device) -> dict:
+def _one_config(plan: Plan, model, kv, B: int, ctx: int, routing: Routing, dev: torch.device) -> dict:
     s = plan.shapes
     meta = decode_meta(s, B, ctx, dev)
-    ids = torch.randint(0, s.vocab, (B,), device=dev)
+    ids = torch.randint(0, s.vocab, (B,), generator=torch.Generator().manual_seed(B + ctx)).to(dev)
     out = torch.empty(B, s.vocab, dtype=torch.float32, device=dev)
 
     def step():
         out.copy_(model.compute_logits(model(ids, meta.positions, meta, kv)))
 
+    stats = routing_stats(model, step)  # one eager step: the routing every replay repeats
     run, graph = graphed(step, dev)
     ms = median_ms(run, dev, plan.warmup, plan.repeats)
-    f = floor_of(s, plan.layers, B, ctx)
-    return {"batch": B, "context": ctx, "cuda_graph": graph, "step_ms": ms, "floor_ms": f.ms, "achieved_over_floor": f.ms / ms,
-                "weights_gb": f.weights_bytes / GB, "kv_gb": f.kv_bytes / GB, "index_gb": f.index_bytes / GB,
-                "tokens_per_s": B / ms * 1e3, "finite": bool(torch.isfinite(out).all())}
+    f = floor_of(s, plan.layers, B, ctx, list(stats.experts_read))
+    return {"batch": B, "context": ctx, "routing": routing.value, "cuda_graph": graph, "step_ms": ms,
+            "floor_ms": f.ms, "achieved_over_floor": f.ms / ms, "us_per_layer": ms / plan.layers * 1e3,
+            "local_picks_per_token": stats.local_picks_per_token, "experts_per_layer": stats.experts_per_layer,
+            "weights_gb": f.weights_bytes / GB, "kv_gb": f.kv_bytes / GB, "index_gb": f.index_bytes / GB,
+            "tokens_per_s": B / ms * 1e3, "finite": bool(torch.isfinite(out).all())}
 
 
 def _row_line(r: dict) -> str:
-    return (f"  B={r['batch']:<3} ctx={r['context']:<6} step {r['step_ms']:8.3f} ms  floor {r['floor_ms']:7.3f} ms"
-            f"  of floor {r['achieved_over_floor']:6.1%}{'' if r['cuda_graph'] else '  (no graph)'}")
+    return (f"  B={r['batch']:<3} ctx={r['context']:<6} {r['routing']:<9} step {r['step_ms']:8.3f} ms  floor "
+            f"{r['floor_ms']:7.3f} ms  of floor {r['achieved_over_floor']:6.1%}  local picks/token "
+            f"{r['local_picks_per_token']:.2f}{'' if r['cuda_graph'] else '  (no graph)'}")
 
 
 # ---- baselines --------------------------------------------------------------------------------------
@@ -191,7 +222,7 @@ def hf_m3_layer_ms(plan: Plan, dev: torch.device) -> list[dict]:
     """transformers' MiniMaxM3 (eager, 4 layers): median decode-step time per layer after a prefill."""
     import transformers
 
-    s = plan.shapes
+    s = plan.baseline_shapes
     layers = max(s.dense_layers + 1, 4)
     cfg = hf_m3_config(s, layers, max(c for _, c in plan.hf_m3_cases) * 2 + s.page)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
@@ -230,12 +261,18 @@ def _hf_m3_case(model, s: M3Shapes, B: int, ctx: int, steps: int, dev: torch.dev
 # ---- plan, table, main ----------------------------------------------------------------------------
 
 def make_plan(args, on_gpu: bool) -> Plan:
+    return replace(_base_plan(args), unfused=args.unfused)
+
+
+def _base_plan(args) -> Plan:
     if args.cpu_smoke:
-        return Plan(TINY, args.layers or 2, (1, 2), (20, 40), 1, 2, 3, (1, 2), ((1, 40),), 2)
-    s = M3Shapes()
+        return Plan(TINY_RANK, args.layers or 2, tuple(args.batches or (1, 2)), tuple(args.contexts or (20, 40)),
+                    1, 2, 3, (1, 2), ((1, 40),), 2, TINY)
+    s = RANK
     if args.quick:
-        return Plan(s, args.layers or 4, (1, 16), (1024, 8192), 2, 5, 16, (1, 16), ((1, 1024),), 3)
-    batches, contexts = (1, 4, 16, 64), (1024, 8192, 32768)
+        return Plan(s, args.layers or 4, tuple(args.batches or (1, 64)), tuple(args.contexts or (1024, 8192)),
+                    2, 5, 16, (1, 16), ((1, 1024),), 3)
+    batches, contexts = tuple(args.batches or (1, 4, 16, 64)), tuple(args.contexts or (1024, 8192))
     layers = args.layers or layers_that_fit(s, max(batches), max(contexts), args.budget_gb * GB)
     return Plan(s, layers, batches, contexts, 3, 20, 128, (1, 16), ((1, 1024), (16, 1024), (1, 8192), (16, 8192)), 8)
 
@@ -243,11 +280,15 @@ def make_plan(args, on_gpu: bool) -> Plan:
 def table(res: dict) -> str:
     """The compact summary: M3 rows, then the baselines. `of floor` = floor time / step time."""
     sh = res["plan"]["shapes"]
-    head = (f"MiniMax-M3 per-GPU TP8/EP8 shapes on {res['device']}: {res['layers']} layers ({sh['dense_layers']} "
-            f"dense, rest MSA + MoE as {sh['experts']} experts top-{sh['top_k']}), bf16 weights, FP8 KV, page "
-            f"{sh['page']}, top-{sh['topk_blocks']} blocks; CUDA graphs; floor = bytes / 4.3 TB/s")
-    cols = (f"{'batch':>5} {'ctx':>6} {'step ms':>9} {'floor ms':>9} {'of floor':>9} {'tok/s':>9} "
-            f"{'W GB':>6} {'KV GB':>6} {'idx GB':>6}")
+    head = (f"MiniMax-M3, one TP{sh['world']}/EP{sh['world']} rank on {res['device']}: {res['layers']} layers "
+            f"({sh['dense_layers']} dense, rest MSA + MoE), {sh['heads']} query heads, {sh['kv_heads']} KV head, "
+            f"{sh['index_heads']} index heads (replicated), router over {sh['experts'] * sh['world']} experts of "
+            f"which {sh['experts']} local, top-{sh['top_k']}, vocab {sh['vocab']}; bf16 weights, FP8 KV, page "
+            f"{sh['page']}, top-{sh['topk_blocks']} blocks; CUDA graphs; no all-reduces; "
+            f"{'UNFUSED ops (the fast path before them)' if res['plan'].get('unfused') else 'fused ops'}; "
+            f"floor = bytes / 4.3 TB/s for the routing that ran")
+    cols = (f"{'batch':>5} {'ctx':>6} {'routing':>9} {'picks':>5} {'exp/L':>5} {'step ms':>9} {'floor ms':>9} "
+            f"{'of floor':>8} {'us/layer':>8} {'tok/s':>8} {'W GB':>6} {'KV GB':>6} {'idx GB':>6}")
     lines = [head, cols]
     for r in res.get("check_model", []):
         lines.insert(0, f"check {r['what']}: fast path vs torch rel err {r['rel_err']:.1e} "
@@ -256,12 +297,13 @@ def table(res: dict) -> str:
         e = res["check_engine"]
         lines.insert(0, f"check engine + CUDA graphs: {e['identical']}/{e['total']} greedy sequences identical")
     for r in res["m3"]:
-        if "error" in r:
-            lines.append(f"{r['batch']:>5} {r['context']:>6} FAILED {r['error'][:100]}")
-            continue
-        lines.append(f"{r['batch']:>5} {r['context']:>6} {r['step_ms']:>9.3f} {r['floor_ms']:>9.3f} "
-                     f"{r['achieved_over_floor']:>9.1%} {r['tokens_per_s']:>9.0f} {r['weights_gb']:>6.2f} "
-                     f"{r['kv_gb']:>6.2f} {r['index_gb']:>6.2f}{'' if r['cuda_graph'] else ' (eager, no graph)'}")
+        lines.append(_table_row(r))
+    if res["m3"]:
+        lines.append(f"picks = local expert picks per token (of {sh['top_k']}), exp/L = distinct local experts read "
+                     f"per MoE layer; vLLM anchor (8 x H200, TP8, conc. 4, all-reduces included): "
+                     f"{VLLM_ANCHOR_MS} ms / {VLLM_ANCHOR_LAYERS} layers = "
+                     f"{VLLM_ANCHOR_MS / VLLM_ANCHOR_LAYERS * 1e3:.0f} us per layer; a TP8 rank adds 2 all-reduces "
+                     f"per layer to us/layer (~10 us each at batch 1: an estimate, not measured here)")
     ours, hf = res.get("qwen_ours") or {}, res.get("qwen_hf") or {}
     nan = float("nan")
     for b in res["plan"]["qwen_batches"] if (ours or hf) else ():
@@ -281,8 +323,18 @@ def table(res: dict) -> str:
     return "\n".join(lines)
 
 
+def _table_row(r: dict) -> str:
+    if "error" in r:
+        return f"{r['batch']:>5} {r['context']:>6} {r.get('routing', ''):>9} FAILED {r['error'][:100]}"
+    return (f"{r['batch']:>5} {r['context']:>6} {r['routing']:>9} {r['local_picks_per_token']:>5.2f} "
+            f"{r['experts_per_layer']:>5.1f} {r['step_ms']:>9.3f} {r['floor_ms']:>9.3f} {r['achieved_over_floor']:>8.1%} "
+            f"{r['us_per_layer']:>8.1f} {r['tokens_per_s']:>8.0f} {r['weights_gb']:>6.2f} {r['kv_gb']:>6.2f} "
+            f"{r['index_gb']:>6.2f}{'' if r['cuda_graph'] else ' (eager, no graph)'}")
+
+
 def _ours_per_layer(res: dict, hf: dict) -> str:
-    hit = [r for r in res["m3"] if r["batch"] == hf["batch"] and r["context"] == hf["context"] and "error" not in r]
+    hit = [r for r in res["m3"] if r["batch"] == hf["batch"] and r["context"] == hf["context"] and "error" not in r
+           and r.get("routing") == Routing.ALL_LOCAL.value]
     return f"{hit[0]['step_ms'] / res['layers']:.3f} ms/layer" if hit else "not measured"
 
 
@@ -300,12 +352,33 @@ def parse_args(argv: list[str] | None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--layers", type=int, default=None, help="model layers (default: as many as fit)")
     ap.add_argument("--budget-gb", type=float, default=120.0, help="weights + KV budget for the default layers")
+    ap.add_argument("--batches", type=int, nargs="+", default=None, help="batch sizes (default 1 4 16 64)")
+    ap.add_argument("--contexts", type=int, nargs="+", default=None, help="contexts (default 1024 8192)")
+    ap.add_argument("--profile", action="store_true", help="kernels per layer (torch profiler), then exit")
+    ap.add_argument("--unfused", action="store_true",
+                    help="time the fast path without the fused norm/RoPE/KV-write, add+norm and router (before)")
     ap.add_argument("--quick", action="store_true", help="~1 minute smoke run on the GPU")
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on CPU (Triton interpreted, no graphs)")
     ap.add_argument("--check-only", action="store_true", help="only the fast-path correctness checks")
     ap.add_argument("--skip-checks", action="store_true")
     ap.add_argument("--skip-baselines", action="store_true")
     return ap.parse_args(argv)
+
+
+def run_profile(plan: Plan, dev: torch.device, args, res: dict) -> None:
+    """--profile: kernels per layer at batch 1 and 64 (CPU: the smoke plan's batches), one context."""
+    from decode_profile import profile_lines, profile_rank
+
+    model, kv = build_rank(plan, dev)
+    batches = tuple(args.batches or ((1, 2) if args.cpu_smoke else (1, 64)))
+    ctx = (args.contexts or [40 if args.cpu_smoke else 8192])[0]
+    parts = []
+    for fused in (True, False) if hasattr(model.backend, "fuse_ops") else (True,):  # after, before
+        set_fused_ops(model, fused)
+        parts += profile_rank(model, kv, plan.shapes, batches, ctx, dev, 2 if args.cpu_smoke else 10,
+                              "fused" if fused else "unfused")
+    res["profile"] = [asdict(p) for p in parts]
+    print("\n".join(profile_lines(parts, timed=dev.type == "cuda")), flush=True)
 
 
 def run_checks(plan: Plan, dev: torch.device, tiny: bool, res: dict) -> bool:
@@ -342,9 +415,15 @@ def main(argv: list[str] | None = None) -> int:
         print("no CUDA device (use --cpu-smoke for the CPU smoke run)")
         return 2
     dev = torch.device("cpu" if args.cpu_smoke else "cuda")
+    if args.profile and args.layers is None:  # one dense and one MSA + MoE layer suffice
+        args.layers = (TINY_RANK if args.cpu_smoke else RANK).dense_layers + 1
     plan, t0 = make_plan(args, not args.cpu_smoke), time.perf_counter()
     res = {"layers": plan.layers, "plan": asdict(plan), "m3": [],
            "device": "cpu" if args.cpu_smoke else torch.cuda.get_device_name(dev)}
+    if args.profile:
+        run_profile(plan, dev, args, res)
+        _write_json(res, "decode_profile.json")
+        return 0
     ok = True if args.skip_checks else run_checks(plan, dev, args.cpu_smoke, res)
     print(f"[{time.perf_counter() - t0:.0f} s] checks {'passed' if ok else 'FAILED'}", flush=True)
     if not args.check_only:
@@ -365,11 +444,11 @@ def _free(dev: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def _write_json(res: dict) -> None:
+def _write_json(res: dict, name: str = "decode_step.json") -> None:
     out = os.environ.get("OUT")
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)
-        (Path(out) / "decode_step.json").write_text(json.dumps(res, indent=1, default=str))
+        (Path(out) / name).write_text(json.dumps(res, indent=1, default=str))
 
 
 if __name__ == "__main__":

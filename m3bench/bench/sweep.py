@@ -171,10 +171,20 @@ def _keys(cfg: SweepConfig, tp: int) -> list[PointKey]:
 
 
 def check_memory_plan(cfg: SweepConfig, tp: int) -> None:
-    """HOOK (issue 16): the memory plan's KV-capacity check goes here, before the engine of this TP starts
-    (the longest request of the workload, times the concurrency, must fit the KV pool it plans); until it
-    lands, a request longer than the engine's context is skipped and counted (trace replay)."""
-    return None
+    """The memory plan (runtime/fit_check.py) of this TP's engine, before it starts (also for --serve): InputError
+    when weights and one step do not fit, or when the KV room it leaves cannot hold the workload's longest
+    request (a trace replay skips and counts those instead)."""
+    if cfg.engine is None:
+        return
+    from m3bench.runtime.fit_check import check_config_fits
+
+    plan = check_config_fits(engine_for(cfg, tp))
+    if plan is None or cfg.trace is not None:
+        return
+    longest = max(cfg.length_range.bounds(i)[1] + cfg.length_range.bounds(o)[1] for i, o in cfg.lengths)
+    if plan.kv_tokens < longest:
+        raise InputError(f"TP{tp}: a request of up to {longest} tokens does not fit the KV room the memory plan "
+                         f"leaves ({plan.kv_tokens} tokens): {plan.message()}")
 
 
 async def run_point(cfg: SweepConfig, key: PointKey, target: Any, tokenizer: Any, scrape: Callable) -> dict:

@@ -71,8 +71,7 @@ def _run(o: dict[str, Any]) -> int:
     from m3bench.evals.acceptance import resolve_reference, run_acceptance
 
     validate.run_paths(o["out"], o["junit"], o["reference"], o["no_reference"], o["data_dir"])
-    for flag in ("temperature", "synthetic_acceptance"):
-        validate.finite(o[flag], f"--{flag.replace('_', '-')}")
+    validate.finite(o["temperature"], "--temperature")  # (--synthetic-acceptance: EngineConfig checks it)
     plan = _plan(o)
     resolve_reference(plan)  # exit 2 before the model loads
     with out_lock(o["out"], "accept"):

@@ -2,6 +2,7 @@
 
     m3bench checkpoint tiny /tmp/tiny --seed 0 --layout v5 --shards 2
     m3bench checkpoint inspect /path/to/checkpoint        # config summary + tensor validation
+    m3bench checkpoint plan --preset minimax-m3 --tp 8     # memory per GPU rank (cli/checkpoint_plan.py)
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Optional
 
 import typer
 
+from m3bench.cli.checkpoint_plan import register_plan
 from m3bench.cli.errors import M3BenchError, user_errors
 
 app = typer.Typer(help="Tiny checkpoints for tests, and checkpoint inspection.", no_args_is_help=True)
@@ -25,6 +27,12 @@ class LayoutChoice(str, Enum):  # mirrors runtime.tiny.Layout without importing 
     V5_VL = "v5-vl"
 
 
+class QuantChoice(str, Enum):  # mirrors runtime.tiny_quant.TinyQuant
+    NONE = "none"
+    MXFP8 = "mxfp8"
+    NVFP4 = "nvfp4"
+
+
 @app.command("tiny")
 @user_errors
 def tiny(
@@ -33,13 +41,19 @@ def tiny(
     layout: LayoutChoice = typer.Option(LayoutChoice.M3, "--layout", help="File naming scheme."),
     shards: int = typer.Option(1, "--shards", min=1, help="Number of safetensors files (>1 adds an index)."),
     draft: Optional[Path] = typer.Option(None, "--draft", help="Also write a matching tiny Eagle3 draft there."),
+    weights: QuantChoice = typer.Option(QuantChoice.NONE, "--quant", help="Store the linear layers as the "
+                                        "MXFP8 / NVFP4 releases do (layouts m3 and vl)."),
 ) -> None:
     """Write a tiny random MiniMax-M3 checkpoint (config, safetensors, tokenizer) to DEST."""
     from m3bench.runtime.tiny import Layout, write_tiny_checkpoint
+    from m3bench.runtime.tiny_quant import TinyQuant
 
     if dest.exists() and not dest.is_dir():
         raise M3BenchError(f"{dest} exists and is not a directory")
-    out = write_tiny_checkpoint(dest, seed=seed, layout=Layout(layout.value), shards=shards)
+    if weights is not QuantChoice.NONE and layout not in (LayoutChoice.M3, LayoutChoice.VL):
+        raise M3BenchError(f"--quant {weights.value} needs --layout m3 or vl")
+    out = write_tiny_checkpoint(dest, seed=seed, layout=Layout(layout.value), shards=shards,
+                                weights=TinyQuant(weights.value))
     print(out)
     if draft is not None:
         from m3bench.runtime.speculative.tiny_draft import write_tiny_draft
@@ -130,6 +144,9 @@ def summary_lines(cfg, n_tensors: int) -> list[str]:
                      f"intermediate {e.intermediate_size}, shared {e.shared_intermediate_size}")
     lines.append(f"tensors {n_tensors} (canonical), eos ids {list(cfg.eos_token_ids)}")
     return lines
+
+
+register_plan(app)
 
 
 def register(root: typer.Typer) -> None:

@@ -28,6 +28,7 @@ from m3bench.runtime.engine_config import (
     EngineConfig,
     KVCacheDtype,
     LoadFormat,
+    WeightsDtype,
 )
 from m3bench.runtime.errors import InputError
 
@@ -40,12 +41,14 @@ def _choice(enum: type[Enum]) -> type[Enum]:
 
 
 DTypeChoice, KVChoice, LoadFormatChoice = _choice(DType), _choice(KVCacheDtype), _choice(LoadFormat)
-DraftKVChoice, AttentionChoice = _choice(DraftKV), _choice(AttentionBackend)
+DraftKVChoice, AttentionChoice, WeightsDtypeChoice = _choice(DraftKV), _choice(AttentionBackend), _choice(WeightsDtype)
 
 CUDA_GRAPHS_HELP = ("Capture CUDA graphs of the decode step (with --draft: of the verify and draft steps). "
                     "Default: on for CUDA at TP 1.")
 ASYNC_HELP = ("Overlap scheduling: schedule step N+1 while step N runs on the device (same outputs). "
               "Default: on for CUDA without --draft or --tp > 1.")
+WEIGHTS_DTYPE_HELP = ("auto: quantized checkpoints run as stored (MXFP8 layers, NVFP4 routed experts); "
+                      "bfloat16: dequantize to the model dtype on load.")
 MAX_MODEL_LEN_HELP = ("Context (prompt + output) a request may reach, up to the model's max_position_embeddings "
                       "and the KV pool (default: the most both allow).")
 
@@ -86,6 +89,7 @@ FLAGS = (
     Flag("async_scheduling", Optional[bool], _opt(None, "--async-scheduling/--no-async-scheduling",
                                                   help=ASYNC_HELP)),
     Flag("max_model_len", Optional[int], _opt(None, "--max-model-len", help=MAX_MODEL_LEN_HELP)),
+    Flag("weights_dtype", WeightsDtypeChoice, _opt(WeightsDtypeChoice.AUTO, "--weights-dtype", help=WEIGHTS_DTYPE_HELP)),
     Flag("attention_backend", AttentionChoice, _opt(AttentionChoice.AUTO, "--attention-backend",
                                                     help="auto: Triton on CUDA, torch on CPU.")),
     Flag("tp", str, _opt("1", "--tp", help="Tensor-parallel size: ranks (GPUs, or CPU processes) of one model "
@@ -120,6 +124,7 @@ class EngineFlags:
     cuda_graphs: bool | None = None
     async_scheduling: bool | None = None
     max_model_len: int | None = None
+    weights_dtype: str = "auto"
     attention_backend: str = "auto"
     tp: str = "1"
     draft: Path | None = None

@@ -7,7 +7,8 @@
 
 Accepted file schemes: M3 bf16 names (with or without `language_model.`), transformers-v5 names
 (with or without `model.language_model.`; stacked experts, fused gate_up), Llama / Qwen names.
-MXFP8 and NVFP4 weights are dequantized on load (m3bench.runtime.quant).
+`get` dequantizes MXFP8 and NVFP4 weights (m3bench.runtime.quant); `get_mxfp8` returns MXFP8 weights as
+stored (fp8 + E8M0 scales), and converts any other format to MXFP8 once.
 """
 
 from __future__ import annotations
@@ -327,6 +328,26 @@ class CheckpointReader:
             return self._read(src.data, _file_index(src, window)).to(dtype)
         return self._dequant(name, src, window, dtype)
 
+    def get_mxfp8(self, name: str, shard: Shard | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(float8_e4m3fn [rows, cols], uint8 E8M0 [rows, cols / 32]) of the tensor (or shard): MXFP8 as
+        stored; any other format (bf16, NVFP4) is dequantized and quantized to MXFP8 once, here."""
+        src = self._source(name)
+        window = _window(src.shape, shard)
+        if src.quant is Quant.MXFP8:
+            data, scale = self._read_blocks(name, src, window)
+            return data.view(torch.float8_e4m3fn), scale.view(torch.uint8)
+        return quant.quant_mxfp8(self.get(name, torch.float32, shard))
+
+    def get_nvfp4(self, name: str, shard: Shard | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(packed uint8 [rows, cols / 2], e4m3 [rows, cols / 16], fp32 scalar global) of the tensor (or shard):
+        NVFP4 as stored; any other format is dequantized and quantized to NVFP4 once, here."""
+        src = self._source(name)
+        window = _window(src.shape, shard)
+        if src.quant is Quant.NVFP4:
+            data, scale = self._read_blocks(name, src, window)
+            return data.view(torch.uint8), scale.view(torch.float8_e4m3fn), self._read(src.scale_2, ()).float()
+        return quant.quant_nvfp4(self.get(name, torch.float32, shard))
+
     def close(self) -> None:
         self._handles.clear()
 
@@ -346,6 +367,14 @@ class CheckpointReader:
         return x
 
     def _dequant(self, name: str, src: Source, window: list[tuple[int, int]], dtype: torch.dtype) -> torch.Tensor:
+        data, scale = self._read_blocks(name, src, window)
+        if src.quant is Quant.MXFP8:
+            return quant.dequant_mxfp8(data, scale, dtype)
+        return quant.dequant_nvfp4(data, scale, self._read(src.scale_2, ()), dtype)
+
+
+    def _read_blocks(self, name: str, src: Source, window: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The stored data and block scales of a quantized tensor's window."""
         if len(src.shape) != 2:
             raise CheckpointError(f"{name}: quantized tensors must be 2-D, got {src.shape}")
         (r0, r1), (c0, c1) = window
@@ -355,9 +384,7 @@ class CheckpointReader:
             raise CheckpointError(f"{name}: shard columns [{c0}, {c1}) do not align to {block}-element scale blocks")
         data = self._read(src.data, _file_index(src, [(r0, r1), (c0 // data_div, c1 // data_div)]))
         scale = self._read(src.scale, _file_index(src, [(r0, r1), (c0 // block, c1 // block)]))
-        if src.quant is Quant.MXFP8:
-            return quant.dequant_mxfp8(data, scale, dtype)
-        return quant.dequant_nvfp4(data, scale, self._read(src.scale_2, ()), dtype)
+        return data, scale
 
 
 def _listing(what: str, items: list[str]) -> str:

@@ -14,6 +14,7 @@ default, check it in `_check_*`, and add its flag to m3bench/cli/engine_flags.py
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, fields, replace
 from enum import Enum
@@ -56,6 +57,11 @@ class DraftKV(Enum):  # the values of runtime.speculative.config.DraftKVLayout
     SHARED = "shared"
 
 
+class WeightsDtype(Enum):  # runtime.fit_check.resident_format reads it
+    AUTO = "auto"  # a quantized checkpoint as stored (MXFP8 linear layers, NVFP4 routed experts)
+    BFLOAT16 = "bfloat16"  # dequantized to the model dtype on load
+
+
 class AttentionBackend(Enum):  # the values of runtime.attention.select.AttentionChoice
     AUTO = "auto"  # Triton on CUDA, torch on CPU
     TORCH = "torch"
@@ -88,6 +94,7 @@ class EngineConfig:
     synthetic_acceptance: float | None = None  # forced mean acceptance length (needs a draft)
     draft_page_size: int | None = None  # the separate draft pool's page size (None: the draft's default)
     max_model_len: int | None = None  # context a request may reach (None: what positions and the KV pool allow)
+    weights_dtype: WeightsDtype = WeightsDtype.AUTO
 
     def __post_init__(self) -> None:
         for name, enum in ENUM_FIELDS.items():
@@ -122,7 +129,8 @@ class EngineConfig:
 
 
 ENUM_FIELDS = {"load_format": LoadFormat, "dtype": DType, "kv_cache_dtype": KVCacheDtype,
-               "attention_backend": AttentionBackend, "draft_kv": DraftKV}
+               "attention_backend": AttentionBackend, "draft_kv": DraftKV,
+               "weights_dtype": WeightsDtype}
 FIELD_NAMES = tuple(f.name for f in fields(EngineConfig))
 
 
@@ -170,6 +178,8 @@ def _check_device(device: str) -> None:
 def _check_speculation(c: EngineConfig) -> None:
     if c.draft_len > MAX_DRAFT_LEN:
         raise InputError(f"draft_len must be <= {MAX_DRAFT_LEN}, got {c.draft_len}")
+    if c.synthetic_acceptance is not None and not math.isfinite(c.synthetic_acceptance):
+        raise InputError(f"synthetic_acceptance must be a finite number, got {c.synthetic_acceptance}")
     if c.synthetic_acceptance is not None and c.draft is None:
         raise InputError("synthetic acceptance forces the acceptance of draft tokens: it needs --draft DIR")
     if c.draft_page_size is not None and not supported_page_size(c.draft_page_size):

@@ -69,7 +69,8 @@ class LLM:
                  tokenizer: Any = None, attention_backend: str = "auto", speculative_model: Any = None,
                  draft_len: int = 3, draft_kv: str = "separate", synthetic_acceptance_length: float | None = None,
                  draft_page_size: int | None = None, tensor_parallel_size: int = 1,
-                 async_scheduling: bool | None = None, max_model_len: int | None = None) -> None:
+                 async_scheduling: bool | None = None, max_model_len: int | None = None,
+                 weights_dtype: str = "auto") -> None:
         """`model`: a checkpoint directory, or an M3ForCausalLM already built (its device and dtype win).
 
         The keywords are EngineConfig's fields under their library names (`speculative_model`: the draft
@@ -90,14 +91,20 @@ class LLM:
             attention_backend=attention_backend, tensor_parallel_size=tensor_parallel_size, seed=seed,
             draft=_draft_path(speculative_model), draft_len=draft_len, draft_kv=draft_kv,
             synthetic_acceptance=synthetic_acceptance_length, draft_page_size=draft_page_size,
-            max_model_len=max_model_len)
+            max_model_len=max_model_len, weights_dtype=weights_dtype)
         self._attach(build(resolve(cfg), prebuilt))
 
     @classmethod
     def from_config(cls, cfg: EngineConfig, prebuilt: Prebuilt = Prebuilt()) -> "LLM":
-        """The engine an EngineConfig describes ("auto" settings are resolved on this machine first)."""
+        """The engine an EngineConfig describes ("auto" settings are resolved on this machine first); the
+        memory plan runs first (runtime/fit_check.py: InputError with its message when the model does not fit)."""
+        from m3bench.runtime.fit_check import check_config_fits
+
+        cfg = cfg if cfg.is_resolved else resolve(cfg)
+        if prebuilt.model is None:
+            check_config_fits(cfg)
         llm = cls.__new__(cls)
-        llm._attach(build(cfg if cfg.is_resolved else resolve(cfg), prebuilt))
+        llm._attach(build(cfg, prebuilt))
         return llm
 
     def _attach(self, parts: EngineParts) -> None:

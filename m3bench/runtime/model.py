@@ -3,6 +3,7 @@ degenerate case, Llama / Qwen2 / Qwen3. Tokens of all sequences of a step come f
 
     model = M3ForCausalLM(cfg, dtype=torch.bfloat16, device="cuda")
     model.load_weights(reader)          # or model.load_canonical(weights) / model.init_dummy(seed)
+    M3ForCausalLM(cfg, dtype, device, weights=LinearFormat.MXFP8)   # linear layers and experts kept in MXFP8
     hidden = model(input_ids, positions, meta, kv)     # [T, H], after the final norm
     logits = model.compute_logits(hidden[last_idx])    # [N, V] float32
 """
@@ -17,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from m3bench.runtime.attention import kernel_backend_of
 from m3bench.runtime.attention.metadata import AttnMetadata
 from m3bench.runtime.attention.torch_backend import TorchBackend
 from m3bench.runtime.config import MlpKind, ModelConfig
@@ -28,6 +30,7 @@ from m3bench.runtime.layers.mlp import GatedMLP
 from m3bench.runtime.layers.moe import SparseMoe
 from m3bench.runtime.layers.norm import RMSNorm, neutral_value
 from m3bench.runtime.layers.rotary import RotaryEmbedding
+from m3bench.runtime.layers.weight_format import LinearFormat, fill_mxfp8, fill_nvfp4, linear_format
 from m3bench.runtime.parallel import SINGLE, TPGroup, vocab_parallel_embedding
 
 
@@ -53,8 +56,16 @@ class DecoderLayer(nn.Module):
         self.mlp_prefix = "moe." if cfg.mlp_kinds[layer] is MlpKind.MOE else "mlp."
 
     def forward(self, h: torch.Tensor, cos, sin, meta: AttnMetadata, kv: KVCache, backend) -> torch.Tensor:
-        h = h + self.attn(self.input_norm(h), cos, sin, meta, kv, backend)
-        return h + self.mlp(self.post_attn_norm(h))
+        h, delta = self.forward_parts(h, self.input_norm(h), cos, sin, meta, kv, backend)
+        return h + delta
+
+    def forward_parts(self, h: torch.Tensor, x: torch.Tensor, cos, sin, meta: AttnMetadata, kv: KVCache,
+                      backend) -> tuple[torch.Tensor, torch.Tensor]:
+        """h: the residual stream at the layer's input, x: input_norm(h) -> (the stream after attention,
+        the MLP's output); the caller adds the two (fused with the next norm on the Triton backend)."""
+        a = self.attn(x, cos, sin, meta, kv, backend)
+        h, y = self.post_attn_norm.add_forward(h, a, kernel_backend_of(backend))  # residual add + norm fused
+        return h, self.mlp(y)
 
     def slots(self, prefix: str) -> list[WeightSlot]:
         return [WeightSlot(f"{prefix}input_norm.weight", self.input_norm.weight, None),
@@ -64,15 +75,16 @@ class DecoderLayer(nn.Module):
 
 class M3ForCausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-                 tp: TPGroup | None = None, backend=None):
+                 tp: TPGroup | None = None, backend=None, weights: LinearFormat = LinearFormat.PLAIN):
         super().__init__()
-        self.cfg, self.dtype, self.device = cfg, dtype, torch.device(device)
+        self.cfg, self.dtype, self.device, self.weights = cfg, dtype, torch.device(device), weights
         self.tp = tp or SINGLE
         self.backend = backend or TorchBackend()
         vocab_local = self.tp.shard_size(cfg.vocab_size, "vocab_size")  # embedding and lm_head: vocab-parallel
         self.embed_tokens = nn.Parameter(torch.empty(vocab_local, cfg.hidden_size, dtype=dtype, device=device),
                                          requires_grad=False)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype, device, self.tp) for i in range(cfg.num_layers))
+        with linear_format(weights):  # embeddings, lm_head, norms and routers stay in the model dtype
+            self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype, device, self.tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm, dtype, device)
         self.rope = RotaryEmbedding(cfg.rotary_dim, cfg.rope_theta, cfg.rope_scaling, device)
         self.lm_head = (None if cfg.tie_word_embeddings else
@@ -83,11 +95,17 @@ class M3ForCausalLM(nn.Module):
         """input_ids, positions [T] -> final-normed hidden [T, H]; K/V of the tokens land in kv."""
         h = self.embed(input_ids)
         cos, sin = self.rope.cos_sin(positions)
+        if not len(self.layers):
+            return self.norm(h)
+        fused = kernel_backend_of(self.backend)
+        x = self.layers[0].input_norm(h)
         for i, layer in enumerate(self.layers):
             if capture is not None and i in capture.layers:
                 capture.buffer[:h.shape[0], capture.layers.index(i)].copy_(h)
-            h = layer(h, cos, sin, meta, kv, self.backend)
-        return self.norm(h)
+            h, delta = layer.forward_parts(h, x, cos, sin, meta, kv, self.backend)
+            nxt = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.norm
+            h, x = nxt.add_forward(h, delta, fused)  # the MLP's residual add fused with the next norm
+        return x
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """[T] -> [T, H]; under TP each rank looks up the ids of its vocab rows, zeros elsewhere, then sums."""
@@ -116,7 +134,17 @@ class M3ForCausalLM(nn.Module):
     def load_weights(self, reader) -> None:
         """Fill every parameter through `reader.get(name, dtype=..., shard=...)` (CheckpointReader)."""
         for slot in self.weight_slots():
-            slot.target.copy_(reader.get(slot.name, dtype=slot.target.dtype, shard=self._shard(slot)))
+            if slot.scale_2 is not None:  # NVFP4 as stored (other formats are converted once, here)
+                data, scale, glob = reader.get_nvfp4(slot.name, shard=self._shard(slot))
+                slot.target.copy_(data)
+                slot.scale.copy_(scale)
+                slot.scale_2.copy_(glob.reshape(()).expand(slot.scale_2.shape))
+            elif slot.scale is not None:  # MXFP8 likewise
+                data, scale = reader.get_mxfp8(slot.name, shard=self._shard(slot))
+                slot.target.copy_(data)
+                slot.scale.copy_(scale)
+            else:
+                slot.target.copy_(reader.get(slot.name, dtype=slot.target.dtype, shard=self._shard(slot)))
 
     def _shard(self, slot: WeightSlot):
         if slot.shard_dim is None or self.tp.world == 1:
@@ -134,7 +162,7 @@ class M3ForCausalLM(nn.Module):
         others = {n for n in weights if ".moe.experts." in n and n not in wanted} if self.tp.world > 1 else set()
         _check_names(wanted, set(weights) - others, self.cfg.tie_word_embeddings)  # others: other ranks' experts
         for slot in slots:
-            slot.target.copy_(self._local(weights[slot.name], slot))
+            _fill(slot, self._local(weights[slot.name], slot))
 
     def _local(self, full: torch.Tensor, slot: WeightSlot) -> torch.Tensor:
         if slot.shard_dim is None or self.tp.world == 1:
@@ -155,11 +183,28 @@ class M3ForCausalLM(nn.Module):
             _dummy_fill(slot, self.cfg, g)
 
     def _dummy_shard(self, slot: WeightSlot, seed: int) -> None:
-        shape = list(slot.target.shape)
+        shape = list(canonical_shape(slot))
         if slot.shard_dim is not None:
             shape[slot.shard_dim] *= (slot.split or (0, self.tp.world))[1]
-        full = dummy_tensor(slot.name, tuple(shape), slot.target.dtype, self.cfg, seed, self.device)
-        slot.target.copy_(self._local(full, slot))
+        dtype = slot.target.dtype if slot.scale is None else torch.float32
+        full = dummy_tensor(slot.name, tuple(shape), dtype, self.cfg, seed, self.device)
+        _fill(slot, self._local(full, slot))
+
+
+def canonical_shape(slot: WeightSlot) -> tuple[int, ...]:
+    """The (dequantized) shape of a slot's tensor: NVFP4 packs two weights a byte."""
+    *rows, cols = slot.target.shape
+    return (*rows, cols * 2 if slot.scale_2 is not None else cols)
+
+
+def _fill(slot: WeightSlot, w: torch.Tensor) -> None:
+    """Copy w into the slot (quantized to the slot's format when it has scales)."""
+    if slot.scale_2 is not None:
+        fill_nvfp4(slot.target, slot.scale, slot.scale_2, w)
+    elif slot.scale is not None:
+        fill_mxfp8(slot.target, slot.scale, w)
+    else:
+        slot.target.copy_(w)
 
 
 def dummy_tensor(name: str, shape: tuple[int, ...], dtype: torch.dtype, cfg: ModelConfig, seed: int,
@@ -173,6 +218,11 @@ def dummy_tensor(name: str, shape: tuple[int, ...], dtype: torch.dtype, cfg: Mod
 
 
 def _dummy_fill(slot: WeightSlot, cfg: ModelConfig, g: torch.Generator) -> None:
+    if slot.scale is not None:  # quantized: draw in fp32 at the canonical shape, then quantize
+        w = torch.empty(canonical_shape(slot), dtype=torch.float32, device=slot.target.device)
+        _dummy_fill(WeightSlot(slot.name, w, None), cfg, g)
+        _fill(slot, w)
+        return
     t = slot.target
     if slot.name.endswith("norm.weight"):
         t.normal_(0.0, 0.05, generator=g).add_(neutral_value(cfg.norm))

@@ -21,6 +21,7 @@ from m3bench.runtime.config import ModelConfig
 from m3bench.runtime.engine_config import AttentionBackend, DType, EngineConfig, LoadFormat
 from m3bench.runtime.errors import InputError
 from m3bench.runtime.kv_cache import KVCache, KVDtype
+from m3bench.runtime.layers.weight_format import LinearFormat
 
 TORCH_DTYPES = {DType.FLOAT32: torch.float32, DType.BFLOAT16: torch.bfloat16, DType.FLOAT16: torch.float16,
                 DType.FLOAT64: torch.float64}
@@ -42,7 +43,9 @@ def build_model(cfg: EngineConfig, device: torch.device, tp: Any = None, model_c
     `model_config`: a ModelConfig or a directory holding config.json (default: cfg.model)."""
     from m3bench.runtime.model import M3ForCausalLM
 
-    m = M3ForCausalLM(model_config_of(cfg, model_config), dtype=torch_dtype(cfg.dtype), device=device, tp=tp)
+    mcfg = model_config_of(cfg, model_config)
+    m = M3ForCausalLM(mcfg, dtype=torch_dtype(cfg.dtype), device=device, tp=tp,
+                      weights=linear_format_for(mcfg, cfg.weights_dtype.value))
     if cfg.load_format is LoadFormat.DUMMY:
         m.init_dummy(cfg.seed)
     else:
@@ -52,6 +55,15 @@ def build_model(cfg: EngineConfig, device: torch.device, tp: Any = None, model_c
         reader.validate()
         m.load_weights(reader)
     return m
+
+
+def linear_format_for(cfg: ModelConfig, weights_dtype: str) -> LinearFormat:
+    """The linear layers' format: MXFP8 / NVFP4 experts where the runtime keeps the checkpoint's weights natively."""
+    from m3bench.runtime.fit_check import resident_format
+    from m3bench.runtime.memory_plan import WeightFormat
+
+    return {WeightFormat.MXFP8: LinearFormat.MXFP8, WeightFormat.NVFP4_EXPERTS: LinearFormat.NVFP4_EXPERTS}.get(
+        resident_format(cfg, weights_dtype), LinearFormat.PLAIN)
 
 
 def model_config_of(cfg: EngineConfig, model_config: Any = None) -> ModelConfig:

@@ -51,10 +51,12 @@ def dequant_mxfp8(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype)
 
 def dequant_nvfp4(packed: torch.Tensor, scale: torch.Tensor, scale_2: torch.Tensor,
                   dtype: torch.dtype) -> torch.Tensor:
-    """uint8 [out, in/2] (two E2M1 a byte) with e4m3 [out, in/16] and fp32 scalar -> dtype [out, in]."""
+    """uint8 [out, in/2] (two E2M1 a byte) with e4m3 [out, in/16] and fp32 scale_2 -> dtype [out, in];
+    scale_2 is one scalar, or one per row ([..., out]: stacked experts with their own global scales)."""
     w = unpack_e2m1(packed)
     _check_blocks(w.shape, scale.shape, NV_BLOCK, "NVFP4")
-    s = scale.to(torch.float32) * scale_2.to(torch.float32).reshape(())
+    g = scale_2.to(torch.float32)
+    s = scale.to(torch.float32) * (g.reshape(()) if g.numel() == 1 else g.unsqueeze(-1))
     return (w.unflatten(-1, (-1, NV_BLOCK)) * s.unsqueeze(-1)).flatten(-2).to(dtype)
 
 

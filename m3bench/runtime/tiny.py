@@ -22,6 +22,7 @@ import torch
 
 from m3bench.runtime.checkpoint import INDEX_FILE, SINGLE_FILE, expected_tensors
 from m3bench.runtime.config import ModelConfig
+from m3bench.runtime.tiny_quant import TinyQuant, quantization_config, quantize_file_tensors
 
 BOS = "]~!b["
 TURN_OPEN = "]~b]"
@@ -357,16 +358,22 @@ def write_safetensors(tensors: dict[str, torch.Tensor], dest: Path, shards: int)
 
 
 def write_tiny_checkpoint(dest: Path | str, seed: int = 0, layout: Layout = Layout.M3, shards: int = 1,
-                          spec: TinySpec = TinySpec()) -> Path:
-    """Write config.json, generation_config.json, safetensors and the tokenizer to `dest`."""
+                          spec: TinySpec = TinySpec(), weights: TinyQuant = TinyQuant.NONE) -> Path:
+    """Write config.json, generation_config.json, safetensors and the tokenizer to `dest`; `weights`
+    MXFP8 / NVFP4 stores the linear layers as the quantized releases do (runtime/tiny_quant.py)."""
     dest = Path(dest)
+    if weights is not TinyQuant.NONE and layout not in (Layout.M3, Layout.VL):
+        raise ValueError(f"quantized tiny checkpoints use the M3 / VL names, not layout {layout.value}")
     dest.mkdir(parents=True, exist_ok=True)
     ids = write_tokenizer(dest, spec.vocab_size)
     raw = config_for(layout, spec, ids[BOS], ids[TURN_CLOSE])
+    if weights is not TinyQuant.NONE:
+        raw["quantization_config"] = quantization_config(weights)
     (dest / "config.json").write_text(json.dumps(raw, indent=2))
     gen_cfg = {"bos_token_id": ids[BOS], "eos_token_id": ids[TURN_CLOSE], "do_sample": True,
                "temperature": 1.0, "top_p": 0.95, "top_k": 40}
     (dest / "generation_config.json").write_text(json.dumps(gen_cfg, indent=2))
     cfg = ModelConfig.from_dict(raw)
-    write_safetensors(file_tensors(random_weights(cfg, seed), cfg, layout, seed), dest, shards)
+    named = quantize_file_tensors(file_tensors(random_weights(cfg, seed), cfg, layout, seed), weights)
+    write_safetensors(named, dest, shards)
     return dest

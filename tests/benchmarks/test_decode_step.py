@@ -78,5 +78,111 @@ def test_cpu_smoke_run_writes_json(ds, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("OUT", str(tmp_path))
     assert ds.main(["--cpu-smoke", "--skip-baselines", "--skip-checks"]) == 0
     res = json.loads((tmp_path / "decode_step.json").read_text())
-    assert len(res["m3"]) == 4 and all(r["finite"] and r["step_ms"] > 0 for r in res["m3"])
-    assert "floor ms" in capsys.readouterr().out.splitlines()[-5]
+    assert len(res["m3"]) == 8 and all(r["finite"] and r["step_ms"] > 0 for r in res["m3"])
+    local = [r for r in res["m3"] if r["routing"] == "all-local"]
+    real = [r for r in res["m3"] if r["routing"] == "realistic"]
+    assert all(r["local_picks_per_token"] == 4.0 for r in local)
+    assert all(r["local_picks_per_token"] < 4.0 for r in real)
+    for a, b in zip(real, local):  # same shapes, fewer experts read: a lower floor
+        assert (a["batch"], a["context"]) == (b["batch"], b["context"]) and a["floor_ms"] < b["floor_ms"]
+    out = capsys.readouterr().out
+    assert "vLLM anchor" in out and "140 us per layer" in out and "floor ms" in out
+
+
+@pytest.fixture(scope="module")
+def rt(fl):
+    return importlib.import_module("decode_routing"), importlib.import_module("decode_setup")
+
+
+def test_rank_floor_counts_the_local_experts_read(fl):
+    r = fl.RANK
+    assert (r.router_experts, r.full_kv_heads, r.world) == (128, 4, 8)
+    assert fl.expected_local_experts(r, 1) == pytest.approx(16 * 4 / 128)  # half an expert at batch 1
+    assert fl.expected_local_experts(fl.M3Shapes(), 16) == pytest.approx(fl.distinct_experts(16, 4, 16))
+    moe = fl.layer_kinds(r, 60).count(True)
+    one, four = fl.floor_of(r, 60, 1, 8192, [1.0] * moe), fl.floor_of(r, 60, 1, 8192, [4.0] * moe)
+    assert four.weights_bytes - one.weights_bytes == pytest.approx(moe * 3 * fl.expert_bytes(r))
+    per_layer_us = fl.floor_of(r, 60, 1, 8192).ms / 60 * 1e3
+    assert 20 < per_layer_us < 35  # ~25 us per layer (docs/performance.md); all-local ~110
+    assert 100 < four.ms / 60 * 1e3 < 130
+    with pytest.raises(ValueError):
+        fl.floor_of(r, 60, 1, 8192, [1.0] * 3)
+    assert fl.layers_that_fit(r, 64, 8192, 120e9) == 60  # a bf16 rank fits whole up to 8k x 64
+
+
+def test_rank_model_shapes_and_replicated_index_projection(fl, rt):
+    _, setup = rt
+    s = fl.TINY_RANK
+    cfg = setup.our_config(setup.hf_m3_config(s, 2, 256))
+    a = setup.rank_model(s, cfg, torch.float32, torch.device("cpu"), None)
+    attn, moe = a.layers[1].attn, a.layers[1].mlp
+    d = s.head_dim
+    assert attn.qkv.local_sizes == (s.heads * d, d, d, 4 * s.index_dim, s.index_dim)  # all 4 index heads
+    assert moe.router_weight.shape[0] == 8 * s.experts and moe.w_down.shape[0] == s.experts
+    assert a.embed_tokens.shape[0] == s.vocab and attn.index_pick == slice(0, 1)
+
+
+def test_replicated_index_projection_computes_the_same_rank(fl, rt):
+    """Every index head computed, the rank's kept: same outputs as the split projection (ranks 0 and 5)."""
+    from m3bench.runtime.attention.metadata import build_attn_metadata
+    from m3bench.runtime.kv_cache import KVCache, KVDtype
+    from m3bench.runtime.model import M3ForCausalLM
+
+    _, setup = rt
+    s = fl.TINY_RANK
+    cfg = setup.our_config(setup.hf_m3_config(s, 2, 256))
+    ids = torch.randint(0, s.vocab * 8, (70,), generator=torch.Generator().manual_seed(1))
+    for rank in (0, 5):
+        outs = []
+        for replicate in (False, True):
+            m = M3ForCausalLM(cfg, torch.float64, "cpu", tp=setup.SoloRank(rank, 8))
+            if replicate:
+                m.layers[1].attn.replicate_index_projection()
+            m.init_dummy(3)
+            kv = KVCache(cfg, 8, s.page, KVDtype.AUTO, torch.float64, "cpu", m.tp)
+            meta = build_attn_metadata([70], [70], [list(range(5))], s.page)
+            outs.append(m(ids, meta.positions, meta, kv))
+        assert m.layers[1].attn.index_pick == slice(rank // 2, rank // 2 + 1)
+        assert torch.allclose(outs[0], outs[1], rtol=1e-10, atol=1e-10)
+
+
+def test_routing_modes_and_their_stats(fl, rt):
+    routing, setup = rt
+    s = fl.TINY_RANK
+    cfg = setup.our_config(setup.hf_m3_config(s, 3, 256))
+    m = setup.rank_model(s, cfg, torch.float32, torch.device("cpu"), None)
+    meta = setup.decode_meta(s, 16, 20, torch.device("cpu"))
+    from m3bench.runtime.kv_cache import KVCache, KVDtype
+
+    kv = KVCache(cfg, 16 * 2 + 1, s.page, KVDtype.AUTO, torch.float32, "cpu", m.tp)
+    ids = torch.randint(0, s.vocab, (16,), generator=torch.Generator().manual_seed(0))
+    step = lambda: m(ids, meta.positions, meta, kv)  # noqa: E731
+    drawn = m.layers[1].mlp.router_bias.clone()
+    routing.set_routing(m, routing.Routing.ALL_LOCAL)
+    worst = routing.routing_stats(m, step)
+    assert worst.local_picks_per_token == 4.0 and len(worst.experts_read) == 2
+    routing.set_routing(m, routing.Routing.REALISTIC)
+    assert torch.equal(m.layers[1].mlp.router_bias, drawn)
+    real = routing.routing_stats(m, step)
+    assert 0.1 < real.local_picks_per_token < 1.5  # ~4 x 4/32 = 0.5 expected
+    assert all(2 <= e <= s.experts for e in real.experts_read)  # tokens route apart (real embeddings)
+    picks, distinct = routing.local_picks(torch.tensor([[0, 5, 3, 40], [3, 3, 9, 1]]), 0, 4)
+    assert (picks, distinct) == (2.5, 3)
+
+
+def test_cpu_smoke_profile_counts_ops_per_layer(ds, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("OUT", str(tmp_path))
+    assert ds.main(["--cpu-smoke", "--profile"]) == 0
+    res = json.loads((tmp_path / "decode_profile.json").read_text())
+    assert {p["variant"] for p in res["profile"]} == {"fused"}  # the torch backend on CPU: one variant
+    parts = {(p["part"], p["batch"]) for p in res["profile"]}
+    names = ("dense layer", "MSA+MoE layer (realistic)", "MSA+MoE layer (all-local)", "head")
+    assert parts == {(n, b) for n in names for b in (1, 2)}
+    for p in res["profile"]:
+        ops = {k["name"]: k["count"] for k in p["kernels"]}
+        assert all(c > 0 for c in ops.values()) and all(k["us"] == 0 for k in p["kernels"])  # CPU: counts only
+        if p["part"].startswith("MSA"):
+            assert ops["aten::sigmoid"] >= 1 and ops["aten::topk"] >= 1  # the router is in the layer
+        if p["part"] == "head":
+            assert ops["aten::linear"] == 1  # the logits
+    assert "torch ops (counts only: CPU) per call" in capsys.readouterr().out

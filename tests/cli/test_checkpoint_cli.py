@@ -95,3 +95,39 @@ def test_real_process_prints_no_traceback(broken):
     assert "Traceback" not in out.stderr
     assert out.stderr.strip().splitlines() == [
         f"m3bench: error: checkpoint {broken} does not match its config: 1 missing: lm_head.weight"]
+
+
+@pytest.mark.parametrize("key, value", [("eos_token_id", "x"), ("hidden_size", "big"), ("hidden_size", "256"),
+                                        ("num_hidden_layers", 4.5), ("vocab_size", 1e12)])
+@pytest.mark.parametrize("command", ["inspect", "generate"])
+def test_bad_config_values_are_one_line_exit_2(broken, key, value, command):
+    cfg = json.loads((broken / "config.json").read_text())
+    cfg[key] = value
+    (broken / "config.json").write_text(json.dumps(cfg))
+    args = (["checkpoint", "inspect", str(broken)] if command == "inspect" else
+            ["generate", "--model", str(broken), "--prompt-ids", "1,2", "--load-format", "dummy"])
+    _one_line_error(runner.invoke(app, args), key)
+
+
+@pytest.mark.parametrize("quant", ["mxfp8", "nvfp4"])
+def test_tiny_quantized_then_inspect_generate_and_plan(tmp_path, quant):
+    dest = tmp_path / quant
+    made = runner.invoke(app, ["checkpoint", "tiny", str(dest), "--layout", "vl", "--shards", "2", "--quant", quant])
+    assert made.exit_code == 0, made.output
+    result = _inspect(dest)
+    assert result.exit_code == 0 and f"quant {quant}" in result.stderr, result.output
+    outs = []
+    for weights in ("auto", "bfloat16"):
+        gen = runner.invoke(app, ["generate", "--model", str(dest), "--prompt-ids", "5,6,7", "--max-tokens", "4",
+                                  "--json", "--weights-dtype", weights])
+        assert gen.exit_code == 0, gen.output
+        outs.append(json.loads(gen.stdout)["token_ids"])
+    assert outs[0] == outs[1]  # the same weights, native or dequantized
+    plan = runner.invoke(app, ["checkpoint", "plan", str(dest), "--json", "--gpu-memory-gib", "80"])
+    assert plan.exit_code == 0 and json.loads(plan.stdout)["weights"] == {"mxfp8": "mxfp8",  # as the runtime
+                                                                          "nvfp4": "nvfp4-experts"}[quant]  # holds them
+
+
+def test_quant_needs_m3_names(tmp_path):
+    r = runner.invoke(app, ["checkpoint", "tiny", str(tmp_path / "x"), "--layout", "v5", "--quant", "mxfp8"])
+    assert r.exit_code == 2 and "--layout m3 or vl" in r.stderr

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from m3bench.cli.main import app
 
 OWNER_15 = None  # issue 15 landed: engine flags are validated by EngineConfig
-OWNER_16 = "issue 16 (config.json value types)"
+OWNER_16 = None  # issue 16 landed: config.json values are type-checked
 
 GEN = {"": ["generate"], "--model": "{tiny}", "--prompt": "hi", "--max-tokens": "2", "--tokens-per-block": "128"}
 ACC = {"": ["accuracy"], "--model": "{tiny}", "--model-id": "m3bench/tiny-m3", "--task": "gsm8k",
@@ -162,7 +162,7 @@ def sweep_cases() -> list:
     c += [(variant(SWEEP, model=None, base_url="http://127.0.0.1:9", tokenizer="{tiny}"), None),
           (variant(SWEEP, base_url="http://127.0.0.1:9", serve=True), None),
           (variant(SWEEP, model=None, base_url="not a url", tokenizer="{tiny}"), None),
-          (variant(SWEEP, model=None), None), (variant(SWEEP, serve=True, tp="2"), None),
+          (variant(SWEEP, model=None), None), (variant(SWEEP, serve=True, tp="0"), None),
           (variant(SWEEP, synthetic_acceptance="2.0"), None)]
     c += _each(SWEEP, "request_rate", ["0", "nan", "-1", "-inf"]) + _each(SWEEP, "burstiness", ["0", "nan"])
     c += _each(SWEEP, "repeats", ["0"]) + _each(SWEEP, "num_prompts", ["0"]) + _each(SWEEP, "warmup", ["-1"])

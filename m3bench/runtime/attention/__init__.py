@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     import torch
 
     from m3bench.runtime.config import MsaConfig
+    from m3bench.runtime.kernels.backend import KernelBackend
     from m3bench.runtime.kv_cache import KVCache
 
 
@@ -29,4 +30,15 @@ class AttentionBackend(Protocol):
             scale: float, m: "MsaConfig") -> "torch.Tensor": ...
 
 
-__all__ = ["AttentionBackend", "AttnMetadata", "build_attn_metadata"]
+def kernel_backend_of(backend) -> "KernelBackend":
+    """Which implementation the layers' fused ops (norm + RoPE + KV write, residual add + norm) follow:
+    the backend's `kernel_backend` (the Triton backend: Triton) unless its `fuse_ops` is off, else the
+    torch reference."""
+    from m3bench.runtime.kernels.backend import KernelBackend
+
+    if not getattr(backend, "fuse_ops", True):
+        return KernelBackend.TORCH
+    return getattr(backend, "kernel_backend", KernelBackend.TORCH)
+
+
+__all__ = ["AttentionBackend", "AttnMetadata", "build_attn_metadata", "kernel_backend_of"]

@@ -44,8 +44,9 @@ class TritonBackend:
 
     graph_safe = True
 
-    def __init__(self, kernel_backend: KernelBackend = KernelBackend.TRITON):
+    def __init__(self, kernel_backend: KernelBackend = KernelBackend.TRITON, fuse_ops: bool = True):
         self.kernel_backend = kernel_backend
+        self.fuse_ops = fuse_ops  # the layers' fused norm + RoPE + KV write and add + norm (attention.kernel_backend_of)
 
     def dense(self, layer: int, q: torch.Tensor, meta: AttnMetadata, kv: KVCache, scale: float) -> torch.Tensor:
         k, v, _ = kv.pages(layer)

@@ -12,6 +12,13 @@ Entry points (each runs Triton on CUDA tensors and the torch reference elsewhere
             nvfp4_global_scale, Nvfp4Pages (an NVFP4 cache), KVFormat
 References with the same signatures live in reference.py (and kv_write.write_pages_ref).
 
+Fused ops around the GEMMs (Triton only; their torch references are the layers' own paths, which
+pick them when the backend selects Triton):
+  norm_rope.norm_rope_write(y, Branch(...), q_w, k_w, eps, gemma, cos, sin, slots, k_cache, v_cache)
+      per-head RMSNorm + partial RoPE of one attention branch + quantized KV write, one launch
+  router.router_topk(logits, bias, top_k, scale)      sigmoid + bias + top-k + renormalise + scale
+  add_norm.add_rms_norm_fused(residual, x, w, eps, gemma)   residual add + RMSNorm
+
 Importing this package imports no triton: the Triton modules (`*_triton.py`) are imported
 lazily by the wrappers, only when a kernel actually runs through Triton (so TRITON_INTERPRET
 set before the first launch is honoured). Triton features used: those of Triton 3.0-3.6.

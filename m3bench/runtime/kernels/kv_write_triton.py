@@ -8,6 +8,8 @@ the Triton and torch writers store identical bytes. Slots < 0 (padding tokens) a
 import triton
 import triton.language as tl
 
+from m3bench.runtime.kernels.round_triton import round_for
+
 E2M1_MAX = tl.constexpr(6.0)
 FP8_MAX = tl.constexpr(448.0)
 
@@ -44,6 +46,28 @@ def _e2m1_code(x):
 
 
 @triton.jit
+def store_kv_row(x, data_ptr, scale_ptr, gs_ptr, row, sc_row, D: tl.constexpr, FMT: tl.constexpr):
+    """Quantize one fp32 row x [D] to the cache format and store it at element offset `row` of data
+    (NVFP4: D/2 code bytes there, D/16 scales at `sc_row` of scales)."""
+    if FMT == 2:
+        gs = tl.load(gs_ptr)
+        groups = tl.reshape(x, (D // 16, 16))
+        raw = tl.math.div_rn(tl.math.div_rn(tl.max(tl.abs(groups), axis=1), E2M1_MAX), gs)
+        sc_bits = _to_e4m3_bits(raw)
+        step = sc_bits.to(tl.float8e4nv, bitcast=True).to(tl.float32) * gs
+        safe = tl.where(step > 0, step, 1.0)
+        scaled = tl.where(step[:, None] > 0, tl.math.div_rn(groups, safe[:, None]), 0.0)
+        lo, hi = tl.split(tl.reshape(_e2m1_code(scaled), (D // 2, 2)))
+        tl.store(data_ptr + row + tl.arange(0, D // 2), (lo | (hi << 4)).to(tl.uint8))
+        tl.store(scale_ptr + sc_row + tl.arange(0, D // 16), sc_bits)
+    elif FMT == 1:
+        tl.store(data_ptr + row + tl.arange(0, D), _to_e4m3_bits(x))
+    else:
+        dtype = data_ptr.dtype.element_ty
+        tl.store(data_ptr + row + tl.arange(0, D), round_for(x, dtype).to(dtype))
+
+
+@triton.jit
 def kv_write_kernel(
     x_ptr, slot_ptr, data_ptr, scale_ptr, gs_ptr,
     s_xt, s_xh, s_dp, s_dh, s_dt, s_sp, s_sh, s_st,
@@ -57,20 +81,5 @@ def kv_write_kernel(
     page = slot // PAGE
     off = slot % PAGE
     x = tl.load(x_ptr + t.to(tl.int64) * s_xt + h * s_xh + tl.arange(0, D)).to(tl.float32)
-    row = page * s_dp + h * s_dh + off * s_dt
-    if FMT == 2:
-        gs = tl.load(gs_ptr)
-        groups = tl.reshape(x, (D // 16, 16))
-        raw = tl.math.div_rn(tl.math.div_rn(tl.max(tl.abs(groups), axis=1), E2M1_MAX), gs)
-        sc_bits = _to_e4m3_bits(raw)
-        step = sc_bits.to(tl.float8e4nv, bitcast=True).to(tl.float32) * gs
-        safe = tl.where(step > 0, step, 1.0)
-        scaled = tl.where(step[:, None] > 0, tl.math.div_rn(groups, safe[:, None]), 0.0)
-        lo, hi = tl.split(tl.reshape(_e2m1_code(scaled), (D // 2, 2)))
-        tl.store(data_ptr + row + tl.arange(0, D // 2), (lo | (hi << 4)).to(tl.uint8))
-        sc_row = page * s_sp + h * s_sh + off * s_st
-        tl.store(scale_ptr + sc_row + tl.arange(0, D // 16), sc_bits)
-    elif FMT == 1:
-        tl.store(data_ptr + row + tl.arange(0, D), _to_e4m3_bits(x))
-    else:
-        tl.store(data_ptr + row + tl.arange(0, D), x.to(data_ptr.dtype.element_ty))
+    store_kv_row(x, data_ptr, scale_ptr, gs_ptr, page * s_dp + h * s_dh + off * s_dt,
+                 page * s_sp + h * s_sh + off * s_st, D, FMT)

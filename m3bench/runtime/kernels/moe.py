@@ -5,6 +5,10 @@
 x [T, H]; w_gate, w_up [E, I, H] (views into one stacked [E, 2I, H] tensor work); w_down
 [E, H, I]; topk_ids [T, K] local expert ids, ids outside [0, E) (experts of other ranks)
 contribute nothing; topk_weights [T, K] routing weights (already renormalized and scaled).
+MXFP8 experts: float8_e4m3fn weights plus `scales=MoeScales(gate, up, down)` (uint8 E8M0, one per 32
+inputs: [E, I, H/32], [E, I, H/32], [E, H, I/32]). NVFP4 experts: packed uint8 weights [E, I, H/2] /
+[E, H, I/2] plus `MoeScales(gate, up, down, gate_global, up_global, down_global)` (e4m3 per 16 inputs,
+fp32 global per row [E, I] / [E, H]). The kernels dequantize either in registers.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from m3bench.runtime import quant
 from m3bench.runtime.kernels import reference
 from m3bench.runtime.kernels.backend import (
     KernelBackend,
@@ -24,6 +29,36 @@ from m3bench.runtime.kernels.backend import (
 from m3bench.runtime.kernels.reference import MoeActivation
 
 _ACT_CODE = {MoeActivation.SWIGLUOAI: 0, MoeActivation.SILU: 1}
+
+
+@dataclass(frozen=True)
+class MoeScales:
+    """Block scales of quantized expert weights (views into stacked tensors work, as for the weights):
+    E8M0 for MXFP8; e4m3 plus per-row fp32 globals for NVFP4."""
+
+    gate: torch.Tensor
+    up: torch.Tensor
+    down: torch.Tensor
+    gate_global: torch.Tensor | None = None  # NVFP4 only
+    up_global: torch.Tensor | None = None
+    down_global: torch.Tensor | None = None
+
+    @property
+    def nvfp4(self) -> bool:
+        return self.gate_global is not None
+
+    def dequantized(self, w_gate, w_up, w_down, dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.nvfp4:
+            return (quant.dequant_nvfp4(w_gate, self.gate, self.gate_global, dtype),
+                    quant.dequant_nvfp4(w_up, self.up, self.up_global, dtype),
+                    quant.dequant_nvfp4(w_down, self.down, self.down_global, dtype))
+        return (quant.dequant_mxfp8(w_gate, self.gate, dtype), quant.dequant_mxfp8(w_up, self.up, dtype),
+                quant.dequant_mxfp8(w_down, self.down, dtype))
+
+
+def _fmt_code(scales: MoeScales | None) -> int:
+    """The kernels' FMT: 0 plain, 1 MXFP8, 2 NVFP4."""
+    return 0 if scales is None else 2 if scales.nvfp4 else 1
 
 
 @dataclass(frozen=True)
@@ -79,23 +114,26 @@ def fused_moe(
     out: torch.Tensor | None = None,
     backend: KernelBackend = KernelBackend.AUTO,
     tiles: MoeTiles | None = None,
+    scales: MoeScales | None = None,
 ) -> torch.Tensor:
     """sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t]) -> [T, H]."""
     if not use_triton(backend, x):
+        if scales is not None:
+            w_gate, w_up, w_down = scales.dequantized(w_gate, w_up, w_down, x.dtype)
         return reference.fused_moe_ref(
             x, w_gate, w_up, w_down, topk_ids, topk_weights, activation, alpha, limit, out
         )
     n_tok, top_k = topk_ids.shape
     n_exp = w_gate.shape[0]
-    tiles = tiles or moe_tiles(n_tok * top_k, n_exp, w_gate.shape[1], w_gate.shape[2])
+    tiles = tiles or moe_tiles(n_tok * top_k, n_exp, w_gate.shape[1], x.shape[1])
     ids = topk_ids.reshape(-1).contiguous()
     sorted_ids, block_expert, n_post = moe_align(ids, n_exp, tiles.block_m)
     inter = x.new_empty((sorted_ids.shape[0], w_gate.shape[1]))
     _launch_gate_up(x, w_gate, w_up, inter, sorted_ids, block_expert, n_post, top_k, activation,
-                    alpha, limit, tiles)
+                    alpha, limit, tiles, scales)
     y = x.new_empty((n_tok * top_k, w_down.shape[1]), dtype=torch.float32)
     weights = topk_weights.reshape(-1).contiguous()
-    _launch_down(inter, w_down, y, sorted_ids, block_expert, n_post, weights, tiles)
+    _launch_down(inter, w_down, y, sorted_ids, block_expert, n_post, weights, tiles, scales)
     out = torch.empty_like(x) if out is None else out
     _launch_sum(y, ids, out, n_exp, top_k)
     return out
@@ -153,32 +191,57 @@ def _check_weights(*ws):
             raise ValueError("expert weights must be contiguous along their last (reduction) dim")
 
 
-def _launch_gate_up(x, wg, wu, inter, sorted_ids, block_expert, n_post, top_k, act, alpha, limit, tiles):
+def _scale_args(s: torch.Tensor | None, w: torch.Tensor) -> tuple:
+    """(scale tensor, expert stride, row stride) for the kernel; the weight itself as a dummy."""
+    if s is None:
+        return w, 0, 0
+    _check_weights(s)
+    return (s if s.dtype == torch.float8_e4m3fn else s.view(torch.uint8)), s.stride(0), s.stride(1)
+
+
+def _global_args(g: torch.Tensor | None, w: torch.Tensor) -> tuple:
+    """(per-row global scales [E, rows], expert stride) for the kernel (NVFP4); a dummy otherwise."""
+    if g is None:
+        return w, 0
+    if g.stride(-1) != 1:
+        raise ValueError("NVFP4 global scales must be contiguous along their rows")
+    return g, g.stride(0)
+
+
+def _launch_gate_up(x, wg, wu, inter, sorted_ids, block_expert, n_post, top_k, act, alpha, limit, tiles,
+                    scales=None):
     from m3bench.runtime.kernels.moe_triton import moe_gate_up_kernel
 
     _check_weights(x, wg, wu)
-    n_inter, hidden = wg.shape[1], wg.shape[2]
+    n_inter, hidden = wg.shape[1], x.shape[1]
+    sg, sge, sgn = _scale_args(scales and scales.gate, wg)
+    su, sue, sun = _scale_args(scales and scales.up, wu)
+    gg, gge = _global_args(scales and scales.gate_global, wg)
+    gu, gue = _global_args(scales and scales.up_global, wu)
     grid = (block_expert.shape[0], math.ceil(n_inter / tiles.block_n))
     moe_gate_up_kernel[grid](
         x, wg, wu, inter, sorted_ids, block_expert, n_post, top_k * x.shape[0], alpha, limit,
         x.stride(0), wg.stride(0), wg.stride(1), wu.stride(0), wu.stride(1), inter.stride(0),
+        sg, su, sge, sgn, sue, sun, gg, gu, gge, gue,
         H=hidden, I=n_inter, TOPK=top_k, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
         BLOCK_K=tiles.block_k, ACT=_ACT_CODE[act], F32=x.dtype == torch.float32 or interpreting(),
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        FMT=_fmt_code(scales), num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
 
 
-def _launch_down(inter, wd, y, sorted_ids, block_expert, n_post, weights, tiles):
+def _launch_down(inter, wd, y, sorted_ids, block_expert, n_post, weights, tiles, scales=None):
     from m3bench.runtime.kernels.moe_triton import moe_down_kernel
 
     _check_weights(wd)
-    hidden, n_inter = wd.shape[1], wd.shape[2]
+    hidden, n_inter = wd.shape[1], inter.shape[1]
+    sd, sde, sdn = _scale_args(scales and scales.down, wd)
+    gd, gde = _global_args(scales and scales.down_global, wd)
     grid = (block_expert.shape[0], math.ceil(hidden / tiles.n_down))
     moe_down_kernel[grid](
         inter, wd, y, sorted_ids, block_expert, n_post, weights, y.shape[0],
-        inter.stride(0), wd.stride(0), wd.stride(1), y.stride(0),
+        inter.stride(0), wd.stride(0), wd.stride(1), y.stride(0), sd, sde, sdn, gd, gde,
         I=n_inter, H=hidden, BLOCK_M=tiles.block_m, BLOCK_N=tiles.n_down, BLOCK_K=tiles.block_k,
-        F32=inter.dtype == torch.float32 or interpreting(),
+        F32=inter.dtype == torch.float32 or interpreting(), FMT=_fmt_code(scales),
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
 

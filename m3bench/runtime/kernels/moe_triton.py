@@ -2,7 +2,9 @@
 activation fused, down GEMM with the routing weight fused, and a top-k reduction.
 
 Pairs p = t * TOPK + k (token t, its k-th expert). Expert weights [E, I, H] (gate, up) and
-[E, H, I] (down), contiguous along the reduction dim. Grids are static upper bounds; programs
+[E, H, I] (down), contiguous along the reduction dim. FMT 1 (MXFP8): float8_e4m3fn weights and E8M0
+scales [E, I, H/32] / [E, H, I/32]; FMT 2 (NVFP4): packed uint8 [E, I, H/2] / [E, H, I/2], e4m3 scales
+per 16 inputs and an fp32 global scale per row [E, I] / [E, H]; both dequantized in registers. Grids are static upper bounds; programs
 past the padded pair count (read on the device) exit at once.
 """
 
@@ -10,6 +12,7 @@ import triton
 import triton.language as tl
 
 from m3bench.runtime.kernels.kv_tiles_triton import mma
+from m3bench.runtime.kernels.mxfp8_triton import mx_weight_tile, nv_weight_tile
 
 
 @triton.jit(do_not_specialize=["n_pairs"])
@@ -58,9 +61,10 @@ def _block_rows(sorted_ptr, block_expert_ptr, n_pairs, pid_m, BLOCK_M: tl.conste
 @triton.jit(do_not_specialize=["n_pairs"])
 def moe_gate_up_kernel(
     x_ptr, wg_ptr, wu_ptr, inter_ptr, sorted_ptr, block_expert_ptr, n_post_ptr, n_pairs,
-    alpha, limit, s_xt, s_ge, s_gn, s_ue, s_un, s_it,
+    alpha, limit, s_xt, s_ge, s_gn, s_ue, s_un, s_it, sg_ptr, su_ptr, s_sge, s_sgn, s_sue, s_sun,
+    gg_ptr, gu_ptr, s_gge, s_gue,
     H: tl.constexpr, I: tl.constexpr, TOPK: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACT: tl.constexpr, F32: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACT: tl.constexpr, F32: tl.constexpr, FMT: tl.constexpr,
 ):
     """inter[slot, n] = act(x[tok] . wg[e, n], x[tok] . wu[e, n]) for the block's slots."""
     pid_m = tl.program_id(0)
@@ -77,8 +81,19 @@ def moe_gate_up_kernel(
         k_ok = kk < H
         a = tl.load(x_ptr + tok[:, None] * s_xt + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         w_mask = n_ok[:, None] & k_ok[None, :]
-        wg = tl.load(wg_ptr + e * s_ge + n[:, None] * s_gn + kk[None, :], mask=w_mask, other=0.0)
-        wu = tl.load(wu_ptr + e * s_ue + n[:, None] * s_un + kk[None, :], mask=w_mask, other=0.0)
+        if FMT == 1:
+            wg = mx_weight_tile(wg_ptr + e * s_ge + n[:, None] * s_gn + kk[None, :], sg_ptr + e * s_sge, n, kk,
+                                s_sgn, w_mask)
+            wu = mx_weight_tile(wu_ptr + e * s_ue + n[:, None] * s_un + kk[None, :], su_ptr + e * s_sue, n, kk,
+                                s_sun, w_mask)
+        elif FMT == 2:
+            wg = nv_weight_tile(wg_ptr + e * s_ge, sg_ptr + e * s_sge, gg_ptr + e * s_gge, n, kk, s_gn, s_sgn,
+                                n_ok, k_ok)
+            wu = nv_weight_tile(wu_ptr + e * s_ue, su_ptr + e * s_sue, gu_ptr + e * s_gue, n, kk, s_un, s_sun,
+                                n_ok, k_ok)
+        else:
+            wg = tl.load(wg_ptr + e * s_ge + n[:, None] * s_gn + kk[None, :], mask=w_mask, other=0.0)
+            wu = tl.load(wu_ptr + e * s_ue + n[:, None] * s_un + kk[None, :], mask=w_mask, other=0.0)
         acc_g += mma(a, tl.trans(wg), F32)
         acc_u += mma(a, tl.trans(wu), F32)
     h = _activation(acc_g, acc_u, alpha, limit, ACT)
@@ -89,9 +104,9 @@ def moe_gate_up_kernel(
 @triton.jit(do_not_specialize=["n_pairs"])
 def moe_down_kernel(
     inter_ptr, wd_ptr, y_ptr, sorted_ptr, block_expert_ptr, n_post_ptr, weights_ptr, n_pairs,
-    s_it, s_de, s_dn, s_yp,
+    s_it, s_de, s_dn, s_yp, sd_ptr, s_sde, s_sdn, gd_ptr, s_gde,
     I: tl.constexpr, H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, F32: tl.constexpr,
+    BLOCK_K: tl.constexpr, F32: tl.constexpr, FMT: tl.constexpr,
 ):
     """y[pair, n] = routing_weight[pair] * inter[slot] . wd[e, n]."""
     pid_m = tl.program_id(0)
@@ -106,7 +121,15 @@ def moe_down_kernel(
         kk = k0 + tl.arange(0, BLOCK_K)
         k_ok = kk < I
         a = tl.load(inter_ptr + rows + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        w = tl.load(wd_ptr + e * s_de + n[:, None] * s_dn + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        w_mask = n_ok[:, None] & k_ok[None, :]
+        if FMT == 1:
+            w = mx_weight_tile(wd_ptr + e * s_de + n[:, None] * s_dn + kk[None, :], sd_ptr + e * s_sde, n, kk,
+                               s_sdn, w_mask)
+        elif FMT == 2:
+            w = nv_weight_tile(wd_ptr + e * s_de, sd_ptr + e * s_sde, gd_ptr + e * s_gde, n, kk, s_dn, s_sdn,
+                               n_ok, k_ok)
+        else:
+            w = tl.load(wd_ptr + e * s_de + n[:, None] * s_dn + kk[None, :], mask=w_mask, other=0.0)
         acc += mma(a, tl.trans(w), F32)
     acc *= tl.load(weights_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)[:, None]
     out = y_ptr + pair[:, None].to(tl.int64) * s_yp + n[None, :]

@@ -4,16 +4,25 @@ MSA index branch on sparse layers, KV-cache write through the slot mapping, then
 At TP, q/k/v heads and index heads split over the world (index head h serves KV head h); with
 fewer KV heads than ranks each KV head (and its index head) is duplicated on world / Hkv ranks, as
 TensorRT-LLM runs M3 at TP8; the single index key head is replicated; o_proj is row-parallel with
-one all-reduce.
+one all-reduce. On the Triton backend each branch's per-head norms, RoPE and KV write run as one
+kernel (kernels.norm_rope); the torch path is the reference. `replicate_index_projection()` makes a
+rank compute every index head (as a deployment with a replicated index projection does) and keep
+the heads serving its KV heads.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+from itertools import accumulate
+
 import torch
 from torch import nn
 
+from m3bench.runtime.attention import kernel_backend_of
 from m3bench.runtime.attention.metadata import AttnMetadata
-from m3bench.runtime.config import AttnKind, ModelConfig
+from m3bench.runtime.config import AttnKind, ModelConfig, NormKind
+from m3bench.runtime.kernels.backend import use_triton
+from m3bench.runtime.kernels.norm_rope import Branch, norm_rope_supported, norm_rope_write
 from m3bench.runtime.kv_cache import KVCache
 from m3bench.runtime.layers.linear import ColumnParallelLinear, RowParallelLinear, Segment, WeightSlot
 from m3bench.runtime.layers.norm import RMSNorm
@@ -46,25 +55,71 @@ class Attention(nn.Module):
         self.k_norm = norm(cfg.head_dim) if cfg.qk_norm else None
         self.index_q_norm = norm(cfg.msa.index_dim) if self.sparse else None
         self.index_k_norm = norm(cfg.msa.index_dim) if self.sparse else None
+        self.index_pick: slice | None = None  # replicated index projection: this rank's heads
+
+    def replicate_index_projection(self) -> None:
+        """Every index head computed on this rank, the ones of its KV heads kept (call before loading)."""
+        tp = self.qkv.tp
+        if not self.sparse or tp.world == 1:
+            return
+        segs = tuple(replace(s, sharded=False) if s.name == "index_q_proj" else s for s in self.qkv.segments)
+        w = self.qkv.weight
+        self.qkv = ColumnParallelLinear(w.shape[1], segs, self.qkv.bias is not None, w.dtype, w.device, tp)
+        piece, pieces = tp.head_split(self.cfg.msa.index_heads, "index heads")
+        n = self.cfg.msa.index_heads // pieces
+        self.index_pick = slice(piece * n, (piece + 1) * n)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttnMetadata, kv: KVCache,
                 backend) -> torch.Tensor:
         """x [T, H] (already input-normed) -> [T, H]."""
-        parts = self.qkv.split(self.qkv(x))
-        t, d = x.shape[0], self.head_dim
+        y = self.qkv(x)
+        fused = use_triton(kernel_backend_of(backend), y) and self._fusable(y, cos)
+        q, iq = (self._prepare_fused if fused else self._prepare_torch)(y, cos, sin, meta, kv)
+        if not self.sparse:
+            o = backend.dense(self.layer, q, meta, kv, self.scale)
+        else:
+            if self.index_pick is not None:
+                iq = iq[:, self.index_pick]
+            o = backend.msa(self.layer, q, iq, meta, kv, self.scale, self.cfg.msa)
+        return self.o_proj(o.reshape(x.shape[0], -1))
+
+    def _prepare_torch(self, y, cos, sin, meta: AttnMetadata, kv: KVCache):
+        """q [T, Hq, d] and iq [T, Hi, di] (None on dense layers) normed and rotated; K/V/ik written."""
+        parts = self.qkv.split(y)
+        t, d = y.shape[0], self.head_dim
         q = self._norm_rope(parts[0].view(t, -1, d), self.q_norm, cos, sin)
         k = self._norm_rope(parts[1].view(t, -1, d), self.k_norm, cos, sin)
         v = parts[2].view(t, -1, d)
         if not self.sparse:
             kv.write(self.layer, k, v, None, meta.slot_mapping)
-            o = backend.dense(self.layer, q, meta, kv, self.scale)
-        else:
-            di = self.cfg.msa.index_dim
-            iq = self._norm_rope(parts[3].view(t, -1, di), self.index_q_norm, cos, sin)
-            ik = self._norm_rope(parts[4], self.index_k_norm, cos, sin)
-            kv.write(self.layer, k, v, ik, meta.slot_mapping)
-            o = backend.msa(self.layer, q, iq, meta, kv, self.scale, self.cfg.msa)
-        return self.o_proj(o.reshape(t, -1))
+            return q, None
+        iq = self._norm_rope(parts[3].view(t, -1, self.cfg.msa.index_dim), self.index_q_norm, cos, sin)
+        ik = self._norm_rope(parts[4], self.index_k_norm, cos, sin)
+        kv.write(self.layer, k, v, ik, meta.slot_mapping)
+        return q, iq
+
+    def _fusable(self, y: torch.Tensor, cos: torch.Tensor) -> bool:
+        half = cos.shape[-1]
+        return norm_rope_supported(y, self.head_dim, half) and (
+            not self.sparse or norm_rope_supported(y, self.cfg.msa.index_dim, half))
+
+    def _prepare_fused(self, y, cos, sin, meta: AttnMetadata, kv: KVCache):
+        """As _prepare_torch, one Triton launch per branch (kernels.norm_rope)."""
+        sizes, d = self.qkv.local_sizes, self.head_dim
+        at = list(accumulate((0, *sizes)))
+        k, v, ik = kv.pages(self.layer)
+        gemma, eps = self.cfg.norm is NormKind.GEMMA, self.cfg.rms_norm_eps
+        weight = lambda norm: None if norm is None else norm.weight  # noqa: E731
+        main = Branch(at[0], at[1], at[2], sizes[0] // d, sizes[1] // d, sizes[2] // d, d)
+        q = norm_rope_write(y, main, weight(self.q_norm), weight(self.k_norm), eps, gemma, cos, sin,
+                            meta.slot_mapping, k, v)
+        if not self.sparse:
+            return q, None
+        di = self.cfg.msa.index_dim
+        index = Branch(at[3], at[4], 0, sizes[3] // di, 1, 0, di)
+        iq = norm_rope_write(y, index, self.index_q_norm.weight, self.index_k_norm.weight, eps, gemma, cos, sin,
+                             meta.slot_mapping, ik)
+        return q, iq
 
     @staticmethod
     def _norm_rope(x: torch.Tensor, norm: RMSNorm | None, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

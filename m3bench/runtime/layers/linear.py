@@ -2,7 +2,9 @@
 
 ColumnParallelLinear splits output rows (heads, intermediate) over the TP world and may fuse
 several canonical tensors ("segments", e.g. q, k, v) into one GEMM; RowParallelLinear splits the
-input dimension and sums the partial products with one all-reduce.
+input dimension and sums the partial products with one all-reduce. Built under
+`linear_format(LinearFormat.MXFP8)` (layers/weight_format.py) both keep `weight` float8_e4m3fn and
+`weight_scale` uint8 E8M0 [out, in / 32] and run kernels.mxfp8.mxfp8_linear (Triton on CUDA).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from m3bench.runtime.kernels.mxfp8 import mxfp8_linear
+from m3bench.runtime.layers.weight_format import current_linear_format, mx_params
 from m3bench.runtime.parallel import SINGLE, TPGroup
 
 
@@ -24,6 +28,8 @@ class WeightSlot:
     target: torch.Tensor
     shard_dim: int | None  # dimension of the canonical tensor split over TP; None = replicated
     split: tuple[int, int] | None = None  # (piece, pieces) when not (tp rank, tp world): duplicated heads
+    scale: torch.Tensor | None = None  # MXFP8: E8M0 scales of `target` (uint8 [rows, cols / 32]); NVFP4: e4m3 [rows, cols / 16]
+    scale_2: torch.Tensor | None = None  # NVFP4: fp32 global scale per row [rows] (target: packed uint8 [rows, cols / 2])
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,20 @@ def _param(shape: tuple[int, ...], dtype: torch.dtype, device) -> nn.Parameter:
     return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
 
 
+def _weight(shape: tuple[int, int], dtype: torch.dtype, device) -> tuple[nn.Parameter, nn.Parameter | None]:
+    """(weight, MXFP8 scale or None) in the current linear format."""
+    if current_linear_format().linears_mxfp8:
+        return mx_params(shape, device)
+    return _param(shape, dtype, device), None
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bias=None) -> torch.Tensor:
+    """x W^T (+ b), W plain or MXFP8 (with its scale)."""
+    if scale is None:
+        return F.linear(x, weight, bias)
+    return mxfp8_linear(x, weight, scale, bias)
+
+
 class ColumnParallelLinear(nn.Module):
     """y = x W^T (+ b) with W's rows split over TP; fused segments come out in order."""
 
@@ -63,11 +83,11 @@ class ColumnParallelLinear(nn.Module):
         self.segments, self.tp = segments, tp
         self.local_sizes = tuple(s.local_size(tp) for s in segments)
         out = sum(self.local_sizes)
-        self.weight = _param((out, in_features), dtype, device)
+        self.weight, self.weight_scale = _weight((out, in_features), dtype, device)
         self.bias = _param((out,), dtype, device) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.weight_scale, self.bias)
 
     def split(self, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return y.split(self.local_sizes, dim=-1)
@@ -76,7 +96,8 @@ class ColumnParallelLinear(nn.Module):
         out, start = [], 0
         for seg, n in zip(self.segments, self.local_sizes):
             dim, split = (0, seg.split(self.tp)) if seg.sharded else (None, None)
-            out.append(WeightSlot(f"{prefix}{seg.name}.weight", self.weight[start:start + n], dim, split))
+            scale = None if self.weight_scale is None else self.weight_scale[start:start + n]
+            out.append(WeightSlot(f"{prefix}{seg.name}.weight", self.weight[start:start + n], dim, split, scale))
             if self.bias is not None:
                 out.append(WeightSlot(f"{prefix}{seg.name}.bias", self.bias[start:start + n], dim, split))
             start += n
@@ -92,11 +113,11 @@ class RowParallelLinear(nn.Module):
         self.name = name
         self.tp = tp
         self.reduce = reduce
-        self.weight = _param((out_features, tp.shard_size(in_features, name)), dtype, device)
+        self.weight, self.weight_scale = _weight((out_features, tp.shard_size(in_features, name)), dtype, device)
         self.bias = _param((out_features,), dtype, device) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight)
+        y = linear(x, self.weight, self.weight_scale)
         if self.reduce:
             y = self.tp.all_reduce(y)
         # the bias is added once, after the sum (by rank 0 only when the caller reduces later)
@@ -105,7 +126,7 @@ class RowParallelLinear(nn.Module):
         return y
 
     def slots(self, prefix: str) -> list[WeightSlot]:
-        out = [WeightSlot(f"{prefix}{self.name}.weight", self.weight, 1)]
+        out = [WeightSlot(f"{prefix}{self.name}.weight", self.weight, 1, scale=self.weight_scale)]
         if self.bias is not None:
             out.append(WeightSlot(f"{prefix}{self.name}.bias", self.bias, None))
         return out

@@ -13,6 +13,11 @@ partials also combines the experts' outputs. An all-to-all dispatch would only p
 attention data parallelism, where ranks hold different tokens. On CUDA the routed experts run as one fused Triton MoE (`kernels.moe.fused_moe`:
 no host reads, CUDA-graph safe); the torch path (tokens grouped by expert with a sort, counts read
 on the host) stays for CPU and float64 and is the reference. `kernel_backend` forces either one.
+Built under `linear_format(LinearFormat.MXFP8)` the experts are float8_e4m3fn with E8M0 scales
+(`w_gate_up_scale` [E, 2 I, H/32], `w_down_scale` [E, H, I/32]); under NVFP4_EXPERTS they are packed E2M1
+(uint8 [E, 2 I, H/2], [E, H, I/2]) with e4m3 scales per 16 inputs and fp32 globals per row
+(`w_gate_up_global` [E, 2 I], `w_down_global` [E, H]). The fused MoE dequantizes in registers, the torch
+path expert by expert.
 """
 
 from __future__ import annotations
@@ -21,20 +26,27 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from m3bench.runtime import quant
 from m3bench.runtime.config import Activation, MoeConfig
 from m3bench.runtime.kernels.backend import KernelBackend, use_triton
-from m3bench.runtime.kernels.moe import MoeActivation, fused_moe
+from m3bench.runtime.kernels.moe import MoeActivation, MoeScales, fused_moe
+from m3bench.runtime.kernels.router import router_topk, router_topk_supported
 from m3bench.runtime.layers.activation import split_gate_up
 from m3bench.runtime.layers.linear import WeightSlot
 from m3bench.runtime.layers.mlp import GatedMLP
 from m3bench.runtime.layers.norm import compute_dtype
+from m3bench.runtime.layers.weight_format import current_linear_format, mx_params, nv_params
 from m3bench.runtime.parallel import SINGLE, TPGroup
 
 
 def route(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, top_k: int,
-          scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [T, H] -> (weights [T, k] in the router's dtype, expert ids [T, k] int64)."""
-    s = torch.sigmoid(F.linear(x.to(weight.dtype), weight))
+          scale: float, backend: KernelBackend = KernelBackend.TORCH) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, H] -> (weights [T, k] in the router's dtype, expert ids [T, k] int64); the epilogue after
+    the GEMM runs as one Triton kernel (kernels.router) when the backend picks Triton."""
+    logits = F.linear(x.to(weight.dtype), weight)
+    if use_triton(backend, logits) and router_topk_supported(logits, top_k):
+        return router_topk(logits, bias, top_k, scale)
+    s = torch.sigmoid(logits)
     choice = s if bias is None else s + bias
     ids = choice.topk(top_k, dim=-1).indices
     w = s.gather(1, ids)
@@ -49,25 +61,38 @@ def group_by_expert(ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, 
     return order, order // ids.shape[1], counts
 
 
+def _expert_params(shape: tuple[int, int, int], dtype: torch.dtype, device) -> tuple:
+    """Stacked expert (weights, scales, per-row global scales) in the current format (None where it has none)."""
+    fmt = current_linear_format()
+    if fmt.experts_nvfp4:
+        return nv_params(shape, device)
+    if fmt.linears_mxfp8:
+        return (*mx_params(shape, device), None)
+    return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), False), None, None
+
+
 class SparseMoe(nn.Module):
     def __init__(self, hidden: int, m: MoeConfig, act: Activation, alpha: float, limit: float,
                  dtype: torch.dtype, device, tp: TPGroup = SINGLE):
         super().__init__()
         self.m, self.act, self.alpha, self.limit, self.tp = m, act, alpha, limit, tp
         self.kernel_backend = KernelBackend.AUTO  # AUTO: fused Triton MoE on CUDA, torch elsewhere
+        self.fuse_router = True  # the router epilogue follows kernel_backend (off: always torch)
         inter = m.intermediate_size  # routed experts are whole on their rank (expert parallelism)
         self.first_expert, local = tp.expert_range(m.num_experts)
         rdt = compute_dtype(dtype)
         self.router_weight = nn.Parameter(torch.empty(m.num_experts, hidden, dtype=rdt, device=device), False)
         self.router_bias = (nn.Parameter(torch.empty(m.num_experts, dtype=rdt, device=device), False)
                             if m.use_routing_bias else None)
-        self.w_gate_up = nn.Parameter(torch.empty(local, 2 * inter, hidden, dtype=dtype, device=device), False)
-        self.w_down = nn.Parameter(torch.empty(local, hidden, inter, dtype=dtype, device=device), False)
+        self.w_gate_up, self.w_gate_up_scale, self.w_gate_up_global = _expert_params((local, 2 * inter, hidden),
+                                                                                     dtype, device)
+        self.w_down, self.w_down_scale, self.w_down_global = _expert_params((local, hidden, inter), dtype, device)
         self.shared = (GatedMLP(hidden, m.shared_intermediate_size, act, alpha, limit, dtype, device, tp,
                                 reduce=False) if m.shared_intermediate_size else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w, ids = route(x, self.router_weight, self.router_bias, self.m.top_k, self.m.routed_scaling_factor)
+        w, ids = route(x, self.router_weight, self.router_bias, self.m.top_k, self.m.routed_scaling_factor,
+                       self.kernel_backend if self.fuse_router else KernelBackend.TORCH)
         y = self.experts(x, w, ids - self.first_expert if self.first_expert else ids)  # local expert ids
         if self.shared is not None:
             y = y + self.shared(x).to(y.dtype)
@@ -81,10 +106,30 @@ class SparseMoe(nn.Module):
 
     def fused_experts(self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """The fused Triton MoE (fp32 accumulation inside; result in x's dtype)."""
-        inter = self.w_down.shape[2]
+        inter = self.w_gate_up.shape[1] // 2
         return fused_moe(x.contiguous(), self.w_gate_up[:, :inter], self.w_gate_up[:, inter:], self.w_down,
                          ids, w, MoeActivation(self.act.value), self.alpha, self.limit,
-                         backend=KernelBackend.TRITON)
+                         backend=KernelBackend.TRITON, scales=self.expert_scales())
+
+    def expert_scales(self) -> MoeScales | None:
+        """The experts' block scales as the fused MoE takes them (None: plain weights)."""
+        if self.w_down_scale is None:
+            return None
+        inter, gu, g = self.w_gate_up.shape[1] // 2, self.w_gate_up_scale, self.w_gate_up_global
+        if g is None:
+            return MoeScales(gu[:, :inter], gu[:, inter:], self.w_down_scale)
+        return MoeScales(gu[:, :inter], gu[:, inter:], self.w_down_scale, g[:, :inter], g[:, inter:],
+                         self.w_down_global)
+
+    def expert_weights(self, e: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Local expert e's (gate|up [2I, H], down [H, I]) in dtype (dequantized when quantized)."""
+        if self.w_down_scale is None:
+            return self.w_gate_up[e], self.w_down[e]
+        if self.w_down_global is None:
+            return (quant.dequant_mxfp8(self.w_gate_up[e], self.w_gate_up_scale[e], dtype),
+                    quant.dequant_mxfp8(self.w_down[e], self.w_down_scale[e], dtype))
+        return (quant.dequant_nvfp4(self.w_gate_up[e], self.w_gate_up_scale[e], self.w_gate_up_global[e], dtype),
+                quant.dequant_nvfp4(self.w_down[e], self.w_down_scale[e], self.w_down_global[e], dtype))
 
     def torch_experts(self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Reference path: tokens grouped by expert with a sort (reads expert counts on the host); ids
@@ -99,8 +144,9 @@ class SparseMoe(nn.Module):
         start = 0
         for e, n in enumerate(counts[:num_local]):
             if n:
-                h = split_gate_up(xs[start:start + n] @ self.w_gate_up[e].T, self.act, self.alpha, self.limit)
-                out[start:start + n] = h @ self.w_down[e].T
+                w_gate_up, w_down = self.expert_weights(e, x.dtype)
+                h = split_gate_up(xs[start:start + n] @ w_gate_up.T, self.act, self.alpha, self.limit)
+                out[start:start + n] = h @ w_down.T
                 start += n
         acc = compute_dtype(x.dtype)
         out = out.to(acc) * w.flatten()[order].to(acc)[:, None]
@@ -110,12 +156,21 @@ class SparseMoe(nn.Module):
         out = [WeightSlot(f"{prefix}router.weight", self.router_weight, None)]
         if self.router_bias is not None:
             out.append(WeightSlot(f"{prefix}router.bias", self.router_bias, None))
-        inter = self.w_down.shape[2]
+        inter = self.w_gate_up.shape[1] // 2
+        gate, up, every = slice(0, inter), slice(inter, 2 * inter), slice(None)
         for e in range(self.w_down.shape[0]):  # this rank's experts only, each whole
             p = f"{prefix}experts.{self.first_expert + e}."
-            out += [WeightSlot(f"{p}gate_proj.weight", self.w_gate_up[e, :inter], None),
-                    WeightSlot(f"{p}up_proj.weight", self.w_gate_up[e, inter:], None),
-                    WeightSlot(f"{p}down_proj.weight", self.w_down[e], None)]
+            out += [self._slot(f"{p}gate_proj.weight", self.w_gate_up, self.w_gate_up_scale, self.w_gate_up_global,
+                               e, gate),
+                    self._slot(f"{p}up_proj.weight", self.w_gate_up, self.w_gate_up_scale, self.w_gate_up_global,
+                               e, up),
+                    self._slot(f"{p}down_proj.weight", self.w_down, self.w_down_scale, self.w_down_global, e, every)]
         if self.shared is not None:
             out += self.shared.slots(f"{prefix}shared.")
         return out
+
+    @staticmethod
+    def _slot(name: str, w, scale, glob, e: int, rows: slice) -> WeightSlot:
+        """Rows of local expert e of a stacked weight (with its scales where quantized)."""
+        pick = (lambda t: None if t is None else t[e, rows])  # noqa: E731
+        return WeightSlot(name, w[e, rows], None, scale=pick(scale), scale_2=pick(glob))

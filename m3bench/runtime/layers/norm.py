@@ -1,4 +1,6 @@
-"""RMSNorm computed in fp32 (or fp64 for fp64 inputs): Gemma `(1 + w)` or plain `w` scaling."""
+"""RMSNorm computed in fp32 (or fp64 for fp64 inputs): Gemma `(1 + w)` or plain `w` scaling; the
+residual add before a norm fused with it (`add_rms_norm`: one Triton kernel when the backend picks
+Triton, kernels.add_norm)."""
 
 from __future__ import annotations
 
@@ -6,6 +8,8 @@ import torch
 from torch import nn
 
 from m3bench.runtime.config import NormKind
+from m3bench.runtime.kernels.add_norm import add_norm_supported, add_rms_norm_fused
+from m3bench.runtime.kernels.backend import KernelBackend, use_triton
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -23,6 +27,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, kind: NormKind) 
     return y.to(x.dtype)
 
 
+def add_rms_norm(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float, kind: NormKind,
+                 backend: KernelBackend = KernelBackend.TORCH) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h, norm(h)) with h = residual + x."""
+    if use_triton(backend, x) and add_norm_supported(residual, x):
+        return add_rms_norm_fused(residual.contiguous(), x.contiguous(), weight, eps, kind is NormKind.GEMMA)
+    h = residual + x
+    return h, rms_norm(h, weight, eps, kind)
+
+
 def neutral_value(kind: NormKind) -> float:
     """The weight value at which the norm only normalises (0 for Gemma, 1 for plain)."""
     return 0.0 if kind is NormKind.GEMMA else 1.0
@@ -38,3 +51,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.weight, self.eps, self.kind)
+
+    def add_forward(self, residual: torch.Tensor, x: torch.Tensor,
+                    backend: KernelBackend = KernelBackend.TORCH) -> tuple[torch.Tensor, torch.Tensor]:
+        """(residual + x, this norm of it), fused on the Triton backend."""
+        return add_rms_norm(residual, x, self.weight, self.eps, self.kind, backend)

@@ -18,17 +18,25 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from m3bench.runtime.kernels import (
+    add_norm_triton,
     attention_triton,
     kv_write_triton,
     moe_triton,
     msa_index_triton,
+    mxfp8_triton,
+    norm_rope_triton,
+    router_triton,
 )
 from m3bench.runtime.kernels import kv_quant as kq
 from m3bench.runtime.kernels.attention import paged_attention
 from m3bench.runtime.kernels.backend import KernelBackend
 from m3bench.runtime.kernels.kv_write import write_pages
-from m3bench.runtime.kernels.moe import MoeTiles, fused_moe
+from m3bench.runtime.kernels.moe import MoeScales, MoeTiles, fused_moe
+from m3bench.runtime.kernels.mxfp8 import mxfp8_linear
 from m3bench.runtime.kernels.msa_index import msa_select_blocks
+from m3bench.runtime.kernels.add_norm import add_rms_norm_fused
+from m3bench.runtime.kernels.norm_rope import Branch, norm_rope_write
+from m3bench.runtime.kernels.router import router_topk
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.uint8: "u8",
            torch.int32: "i32", torch.int64: "i64", torch.float8_e4m3fn: "fp8e4nv"}
@@ -65,7 +73,8 @@ def compile_launch(fn, args, kwargs):
 
 
 def record_all(q_lens):
-    for mod in (attention_triton, msa_index_triton, moe_triton, kv_write_triton):
+    for mod in (attention_triton, msa_index_triton, moe_triton, kv_write_triton, mxfp8_triton, router_triton,
+                add_norm_triton, norm_rope_triton):
         for name in dir(mod):
             if isinstance(getattr(mod, name), triton.JITFunction) and name.endswith("_kernel"):
                 setattr(mod, name, Recorder(getattr(mod, name)))
@@ -88,7 +97,8 @@ def record_all(q_lens):
             write_pages(cache, q[:, :1], torch.arange(4 * q_len), backend=T)
         write_pages(x[:, 0].to(torch.bfloat16), q[:, 0], torch.arange(4 * q_len), backend=T)
         iq = torch.randn(4 * q_len, 1, 128).to(torch.bfloat16)
-        for ik in (x[:, 0].to(torch.bfloat16), kq.quantize_fp8(x[:, 0])):
+        nvfp4_ik = kq.Nvfp4Pages(*kq.quantize_nvfp4(x[:, 0], 1.0), torch.ones(1))
+        for ik in (x[:, 0].to(torch.bfloat16), kq.quantize_fp8(x[:, 0]), nvfp4_ik):
             msa_select_blocks(iq, ik, bt, lens, qsl, 16, max_query_len=q_len, backend=T)
     for n_tok in (1, 64):
         xs = torch.randn(n_tok, 6144).to(torch.bfloat16)
@@ -97,6 +107,43 @@ def record_all(q_lens):
         ids = torch.randint(0, 16, (n_tok, 4), dtype=torch.int32)
         fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T)
     fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T, tiles=MoeTiles(64, 128, 64, 8, 3))
+    record_mxfp8(T)
+    record_fused(caches, x[:, 0])
+
+
+def record_mxfp8(T):
+    """MXFP8 / NVFP4 experts and MXFP8 linear layers at one TP8 rank's shapes (batch 1 and 64)."""
+    for n_tok in (1, 64):
+        xs = torch.randn(n_tok, 6144).to(torch.bfloat16)
+        wg = torch.empty(16, 3072, 6144, dtype=torch.float8_e4m3fn)
+        wd = torch.empty(16, 6144, 3072, dtype=torch.float8_e4m3fn)
+        scales = MoeScales(torch.empty(16, 3072, 192, dtype=torch.uint8), torch.empty(16, 3072, 192, dtype=torch.uint8),
+                           torch.empty(16, 6144, 96, dtype=torch.uint8))
+        ids = torch.randint(0, 16, (n_tok, 4), dtype=torch.int32)
+        fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T, scales=scales)
+        e4m3 = torch.float8_e4m3fn
+        nv = MoeScales(torch.empty(16, 3072, 384, dtype=e4m3), torch.empty(16, 3072, 384, dtype=e4m3),
+                       torch.empty(16, 6144, 192, dtype=e4m3), torch.empty(16, 3072), torch.empty(16, 3072),
+                       torch.empty(16, 6144))
+        fused_moe(xs, torch.empty(16, 3072, 3072, dtype=torch.uint8), torch.empty(16, 3072, 3072, dtype=torch.uint8),
+                  torch.empty(16, 6144, 1536, dtype=torch.uint8), ids, torch.rand(n_tok, 4), backend=T, scales=nv)
+        for n, k in ((1024 + 2 * 128 + 128 + 128, 6144), (6144, 1024), (2 * 384, 6144), (6144, 384)):
+            w, sc = torch.empty(n, k, dtype=torch.float8_e4m3fn), torch.empty(n, k // 32, dtype=torch.uint8)
+            mxfp8_linear(torch.randn(n_tok, k).to(torch.bfloat16), w, sc, backend=T)
+
+
+def record_fused(caches, x3):
+    """The fused ops at the rank's shapes: router epilogue, residual add + norm, norm + RoPE + KV write."""
+    router_topk(torch.randn(64, 128), torch.randn(128), 4, 2.0)
+    h = torch.randn(64, 6144).to(torch.bfloat16)
+    add_rms_norm_fused(h, h, torch.zeros(6144, dtype=torch.bfloat16), 1e-6, True)
+    d, y = 128, torch.randn(4, 15 * 128).to(torch.bfloat16)
+    cos = sin = torch.randn(4, 32)
+    slots, w = torch.arange(4), torch.zeros(d, dtype=torch.bfloat16)
+    index_caches = (x3.to(torch.bfloat16), kq.quantize_fp8(x3), kq.Nvfp4Pages(*kq.quantize_nvfp4(x3, 1.0), torch.ones(1)))
+    for cache, ik in zip(caches.values(), index_caches):
+        norm_rope_write(y, Branch(0, 8 * d, 9 * d, 8, 1, 1, d), w, w, 1e-6, True, cos, sin, slots, cache, cache)
+        norm_rope_write(y, Branch(10 * d, 14 * d, 0, 4, 1, 0, d), w, w, 1e-6, True, cos, sin, slots, ik)
 
 
 def main() -> int:

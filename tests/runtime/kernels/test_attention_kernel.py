@@ -93,3 +93,15 @@ def test_prefill_chunk_spans_several_query_blocks():
     case = make_case(7, q_lens=[40, 3], seq_lens=[40, 50], hq=8, hkv=2)
     got, want = _run(case, num_segments=2, max_query_len=40)
     assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("segments", [1, 3])
+def test_nvfp4_decode_dense_and_sparse(segments):
+    """NVFP4 K/V decoded in-kernel (nibbles through the fp8 conversion): dense chunks (G = 4) and MSA blocks, both
+    against the reference on the dequantized cache; fresh random data; nothing written to padding."""
+    case = make_case(8 + segments, q_lens=[1, 6], seq_lens=[77, 41], hq=8, hkv=2, d=64, fmt=kq.KVFormat.NVFP4)
+    got, want = _run(case, num_segments=segments, max_query_len=6)
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
+    sel = _random_selection(case, topk=4, seed=segments)
+    got, want = _run(case, sel=sel, num_segments=segments, max_query_len=6)
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)

@@ -1,0 +1,30 @@
+"""Triton residual add + RMSNorm: h = r + x (rounded to the stream's dtype, as torch's add), then
+y = h * rsqrt(mean(h^2) + eps) * (1 + w) (Gemma) or * w (plain), in fp32, cast back.
+
+Grid (T,): one program per row, the whole hidden dim (BLOCK a power of two >= H) in registers.
+"""
+
+import triton
+import triton.language as tl
+
+from m3bench.runtime.kernels.round_triton import round_for
+
+
+@triton.jit
+def _add_rms_norm_kernel(
+    r_ptr, x_ptr, w_ptr, h_ptr, y_ptr, eps, s_r, s_x, s_h, s_y,
+    H: tl.constexpr, BLOCK: tl.constexpr, GEMMA: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < H
+    r = tl.load(r_ptr + row * s_r + cols, mask=ok, other=0.0)
+    x = tl.load(x_ptr + row * s_x + cols, mask=ok, other=0.0)
+    hf = round_for(r.to(tl.float32) + x.to(tl.float32), h_ptr.dtype.element_ty)
+    tl.store(h_ptr + row * s_h + cols, hf.to(h_ptr.dtype.element_ty), mask=ok)
+    rstd = 1.0 / tl.sqrt(tl.sum(hf * hf, axis=0) / H + eps)
+    w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    if GEMMA:
+        w = 1.0 + w
+    y = round_for(hf * rstd * w, y_ptr.dtype.element_ty)
+    tl.store(y_ptr + row * s_y + cols, y.to(y_ptr.dtype.element_ty), mask=ok)

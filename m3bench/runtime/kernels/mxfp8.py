@@ -1,0 +1,87 @@
+"""MXFP8 linear layer kernel entry point: Triton on CUDA, dequantize-then-matmul in torch elsewhere.
+
+    y = mxfp8_linear(x [M, K], weight fp8 [N, K], scale uint8 E8M0 [N, K/32], bias [N] | None)
+
+`w = fp8 * 2**(scale - 127)` per 32 consecutive inputs of a row (runtime/quant.py). The Triton kernel
+reads the fp8 bytes and the scales and dequantizes in registers (one byte a weight crosses HBM);
+the torch path dequantizes to x's dtype first and is the CPU reference.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from m3bench.runtime import quant
+from m3bench.runtime.kernels.backend import KernelBackend, interpreting, use_triton
+
+MIN_PROGRAMS = 264  # two waves of 132 SMs
+
+
+@dataclass(frozen=True)
+class LinearTiles:
+    block_m: int
+    block_n: int
+    block_k: int = 128
+    num_warps: int = 4
+    num_stages: int = 4
+    split_k: int = 1  # > 1: K in that many pieces, fp32 partials summed after (skinny decode GEMMs)
+
+
+def linear_tiles(m: int, n: int, k: int = 0) -> LinearTiles:
+    """Skinny M (decode): BLOCK_M 16, N tiles narrowed, then K split until the grid fills the GPU."""
+    block_m = 16 if m <= 16 else 32 if m <= 32 else 64
+    block_n = 128
+    while block_n > 16 and math.ceil(m / block_m) * math.ceil(n / block_n) < MIN_PROGRAMS:
+        block_n //= 2
+    split = 1
+    while (math.ceil(m / block_m) * math.ceil(n / block_n) * split < MIN_PROGRAMS and split < 8
+           and k % (2 * split * 128) == 0):
+        split *= 2
+    return LinearTiles(block_m, block_n, num_warps=4 if block_m <= 32 else 8, split_k=split)
+
+
+def mxfp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
+                 backend: KernelBackend = KernelBackend.AUTO, tiles: LinearTiles | None = None) -> torch.Tensor:
+    """x [..., K] @ dequant(weight, scale)^T (+ bias) -> [..., N] in x's dtype."""
+    if not use_triton(backend, x):
+        return F.linear(x, quant.dequant_mxfp8(weight, scale, x.dtype), bias)
+    lead, k = x.shape[:-1], x.shape[-1]
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    n = weight.shape[0]
+    t = tiles or linear_tiles(x2.shape[0], n, k)
+    if not x2.shape[0]:
+        return x2.new_empty((*lead, n))
+    if t.split_k == 1:
+        y = x2.new_empty((x2.shape[0], n))
+        _launch(x2, weight, scale, bias, y, t)
+        return y.reshape(*lead, n)
+    parts = x2.new_empty((t.split_k, x2.shape[0], n), dtype=torch.float32)
+    _launch(x2, weight, scale, None, parts, t)
+    y = parts.sum(0) if bias is None else parts.sum(0) + bias
+    return y.to(x.dtype).reshape(*lead, n)
+
+
+def _launch(x, weight, scale, bias, y, t: LinearTiles) -> None:
+    """y [M, N] (or fp32 partials [split_k, M, N]) of x @ dequant(weight)^T (+ bias)."""
+    from m3bench.runtime.kernels.mxfp8_triton import mxfp8_linear_kernel
+
+    if weight.stride(-1) != 1 or scale.stride(-1) != 1:
+        raise ValueError("MXFP8 weight and scale must be contiguous along K")
+    m, k = x.shape
+    n = weight.shape[0]
+    if k % (t.split_k * t.block_k) and t.split_k > 1:
+        raise ValueError(f"split_k {t.split_k} x block_k {t.block_k} does not divide K {k}")
+    grid = (math.ceil(m / t.block_m), math.ceil(n / t.block_n), t.split_k)
+    mxfp8_linear_kernel[grid](
+        x, weight, scale.view(torch.uint8), bias if bias is not None else y, y, m,
+        x.stride(0), weight.stride(0), scale.stride(0), y.stride(-2), m * n,
+        N=n, K=k, K_SPLIT=k // t.split_k, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
+        HAS_BIAS=bias is not None, F32=x.dtype == torch.float32 or interpreting(), num_warps=t.num_warps,
+        num_stages=t.num_stages,
+    )

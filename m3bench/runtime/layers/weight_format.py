@@ -1,0 +1,92 @@
+"""How the linear layers and routed experts of a model keep their weights: the model dtype, or MXFP8.
+
+    with linear_format(LinearFormat.MXFP8):      # layers built inside hold fp8 weights + E8M0 scales
+        layer = ColumnParallelLinear(...)
+    w, s = mx_params((out, in_features), device)  # float8_e4m3fn [out, in], uint8 [out, in / 32]
+
+MXFP8 (runtime/quant.py): `w = fp8 * 2**(scale - 127)`, one scale per 32 inputs of a row; NVFP4 experts
+(NVFP4_EXPERTS): `w = e2m1 * e4m3 scale (per 16 inputs) * global` with one fp32 global per row. The model
+picks the format (M3ForCausalLM(weights=...)); attention, MLP and MoE code need not know it: only
+linear.py and moe.py read `current_linear_format()` when they allocate.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from contextvars import ContextVar
+from enum import Enum
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from m3bench.runtime import quant
+from m3bench.runtime.errors import ConfigError
+
+
+class LinearFormat(Enum):
+    PLAIN = "plain"  # the model's dtype
+    MXFP8 = "mxfp8"  # float8_e4m3fn weight + uint8 E8M0 scale per 32 inputs
+    NVFP4_EXPERTS = "nvfp4-experts"  # routed experts NVFP4 (as the ModelOpt release), the other linears MXFP8
+
+    @property
+    def linears_mxfp8(self) -> bool:
+        return self is not LinearFormat.PLAIN
+
+    @property
+    def experts_nvfp4(self) -> bool:
+        return self is LinearFormat.NVFP4_EXPERTS
+
+
+_FORMAT: ContextVar[LinearFormat] = ContextVar("linear_format", default=LinearFormat.PLAIN)
+
+
+@contextmanager
+def linear_format(fmt: LinearFormat) -> Iterator[None]:
+    token = _FORMAT.set(fmt)
+    try:
+        yield
+    finally:
+        _FORMAT.reset(token)
+
+
+def current_linear_format() -> LinearFormat:
+    return _FORMAT.get()
+
+
+def mx_params(shape: tuple[int, ...], device) -> tuple[nn.Parameter, nn.Parameter]:
+    """(fp8 weight [..., K], uint8 scale [..., K / 32]) parameters, K a multiple of 32."""
+    *lead, k = shape
+    if k % quant.MX_BLOCK:
+        raise ConfigError(f"MXFP8 weights need a multiple of {quant.MX_BLOCK} inputs per rank, got a {tuple(shape)} "
+                          "weight (use --weights-dtype bfloat16, or another --tp)")
+    w = nn.Parameter(torch.empty(shape, dtype=torch.float8_e4m3fn, device=device), requires_grad=False)
+    s = nn.Parameter(torch.empty((*lead, k // quant.MX_BLOCK), dtype=torch.uint8, device=device), requires_grad=False)
+    return w, s
+
+
+def nv_params(shape: tuple[int, int, int], device) -> tuple[nn.Parameter, nn.Parameter, nn.Parameter]:
+    """Stacked NVFP4 experts [E, R, K]: (packed uint8 [E, R, K/2], e4m3 scale [E, R, K/16], fp32 global [E, R])."""
+    e, r, k = shape
+    if k % quant.NV_BLOCK:
+        raise ConfigError(f"NVFP4 experts need a multiple of {quant.NV_BLOCK} inputs, got a {tuple(shape)} weight "
+                          "(use --weights-dtype bfloat16)")
+    def param(s, dt):  # noqa: E306
+        return nn.Parameter(torch.empty(s, dtype=dt, device=device), requires_grad=False)
+    return (param((e, r, k // 2), torch.uint8), param((e, r, k // quant.NV_BLOCK), torch.float8_e4m3fn),
+            param((e, r), torch.float32))
+
+
+def fill_nvfp4(target: torch.Tensor, scale: torch.Tensor, scale_2: torch.Tensor, w: torch.Tensor) -> None:
+    """Quantize w [R, K] into packed target [R, K/2], its e4m3 scale and its per-row global scale."""
+    data, s, g = quant.quant_nvfp4(w)
+    target.copy_(data)
+    scale.copy_(s)
+    scale_2.copy_(g.expand(scale_2.shape))
+
+
+def fill_mxfp8(target: torch.Tensor, scale: torch.Tensor, w: torch.Tensor) -> None:
+    """Quantize w (any float dtype, target's shape) into the fp8 target and its scale."""
+    data, s = quant.quant_mxfp8(w)
+    target.copy_(data)
+    scale.copy_(s)

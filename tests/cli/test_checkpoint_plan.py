@@ -1,0 +1,87 @@
+"""`m3bench checkpoint plan` (exit 0 fits, 1 does not, 2 bad input) and the plan run before engines load."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from m3bench.cli.main import app
+
+runner = CliRunner()
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "minimax-m3"
+
+
+def _plan(*args: str):
+    return runner.invoke(app, ["checkpoint", "plan", *args])
+
+
+def test_preset_tp8_mxfp8_fits():
+    r = _plan("--preset", "minimax-m3", "--tp", "8", "--weights", "mxfp8", "--gpu-memory-gib", "141")
+    assert r.exit_code == 0, r.output
+    assert "routed_experts" in r.stdout and "index-K" in r.stdout and r.stdout.strip().endswith("verdict: fits")
+
+
+def test_tp1_does_not_fit_exit_1_and_json():
+    r = _plan("--preset", "minimax-m3", "--tp", "1", "--gpu-memory-gib", "141", "--json")
+    assert r.exit_code == 1, r.output
+    d = json.loads(r.stdout)
+    assert not d["fits"] and d["shortfall_bytes"] > 700 * 2 ** 30 and d["weights"] == "bf16"
+    assert set(d["weight_bytes_by_part"]) >= {"embeddings", "attention", "index", "dense_mlp", "routed_experts",
+                                              "shared_expert", "lm_head", "eagle3_draft"}
+
+
+def test_dir_reads_the_checkpoint_format(tmp_path):
+    shutil.copy(FIXTURES / "vl-mxfp8.json", tmp_path / "config.json")
+    r = _plan(str(tmp_path), "--tp", "8", "--gpu-memory-gib", "141", "--json", "--eagle3", "mha")
+    d = json.loads(r.stdout)
+    assert r.exit_code == 0 and d["weights"] == "mxfp8" and d["weight_bytes_by_part"]["eagle3_draft"] > 0
+
+
+@pytest.mark.parametrize("args, needle", [
+    ((), "give a checkpoint DIR or --preset"),
+    (("--preset", "minimax-m3", "--tp", "3"), "split over"),
+    (("/nonexistent-dir",), "is not a directory"),
+])
+def test_bad_input_is_exit_2(args, needle):
+    r = _plan(*args)
+    assert r.exit_code == 2 and needle in r.stderr and "Traceback" not in r.output
+
+
+@pytest.fixture()
+def too_big(tiny_ckpt, tmp_path) -> Path:
+    """The tiny checkpoint's directory with a config that cannot fit in this host's memory."""
+    path = Path(shutil.copytree(tiny_ckpt, tmp_path / "big"))
+    cfg = json.loads((path / "config.json").read_text())
+    cfg.update(num_local_experts=65536, intermediate_size=1 << 20)  # ~10^14 parameters
+    (path / "config.json").write_text(json.dumps(cfg))
+    return path
+
+
+def test_generate_refuses_with_the_plan(too_big):
+    r = runner.invoke(app, ["generate", "--model", str(too_big), "--prompt-ids", "1,2", "--load-format", "dummy"])
+    assert r.exit_code == 2, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "does not fit by" in lines[0] and "memory plan per rank" in lines[0]
+
+
+def test_serve_sweep_and_accuracy_engines_refuse_with_the_plan(too_big):
+    from m3bench.evals.backends.runtime import RuntimeBackend
+    from m3bench.runtime.engine_config import EngineConfig
+    from m3bench.runtime.errors import InputError
+    from m3bench.runtime.llm import LLM
+
+    with pytest.raises(InputError, match="does not fit by"):  # serve and the in-process sweep build this way
+        LLM.from_config(EngineConfig(too_big, load_format="dummy"))
+    with pytest.raises(InputError, match="does not fit by"):
+        RuntimeBackend(EngineConfig(model=too_big, device="cpu", dtype="float32"))
+
+
+def test_engine_check_passes_the_tiny_checkpoint(tiny_ckpt):
+    from m3bench.runtime.fit_check import EngineFit, check_engine_fits
+
+    plan = check_engine_fits(tiny_ckpt, EngineFit())
+    assert plan.fits and plan.settings.dtype_bytes == 4 and plan.max_model_len == 2048

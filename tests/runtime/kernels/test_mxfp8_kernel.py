@@ -1,0 +1,117 @@
+"""MXFP8 GEMM and MXFP8 fused MoE (Triton interpreter) against dequantize-then-matmul in fp32."""
+
+import pytest
+import torch
+
+from m3bench.runtime import quant
+from m3bench.runtime.kernels.backend import KernelBackend
+from m3bench.runtime.kernels.moe import MoeScales, MoeTiles, fused_moe
+from m3bench.runtime.kernels.mxfp8 import LinearTiles, mxfp8_linear
+from m3bench.runtime.kernels.reference import fused_moe_ref
+
+pytestmark = pytest.mark.usefixtures("triton_interpreter")
+T = KernelBackend.TRITON
+
+
+def _mx(g, *shape):
+    """Random MXFP8 weights with scales spread over several exponents."""
+    w = torch.randn(*shape, generator=g) * torch.exp2(torch.randint(-3, 3, (*shape[:-1], 1), generator=g).float())
+    return quant.quant_mxfp8(w)
+
+
+@pytest.mark.parametrize("m, n, k, tiles", [(1, 48, 64, LinearTiles(16, 16, 32)), (5, 40, 96, LinearTiles(16, 32, 64)),
+                                             (33, 24, 128, None), (2, 40, 256, LinearTiles(16, 16, 32, split_k=4)),
+                                             (3, 24, 512, None)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_mxfp8_linear_matches_dequantized_fp32(m, n, k, tiles, bias):
+    g = torch.Generator().manual_seed(m * 100 + n + bias)
+    w, s = _mx(g, n, k)
+    x = torch.randn(m, k, generator=g)
+    b = torch.randn(n, generator=g) if bias else None
+    want = torch.nn.functional.linear(x.double(), quant.dequant_mxfp8(w, s, torch.float64),
+                                      None if b is None else b.double())
+    got = mxfp8_linear(x, w, s, b, backend=T, tiles=tiles)
+    assert got.dtype == torch.float32 and torch.allclose(got.double(), want, atol=1e-4, rtol=1e-4)
+    torch_path = mxfp8_linear(x, w, s, b, backend=KernelBackend.TORCH)
+    assert torch.allclose(torch_path.double(), want, atol=1e-4, rtol=1e-4)
+
+
+def test_decode_tiles_split_k_until_the_grid_fills():
+    from m3bench.runtime.kernels.mxfp8 import linear_tiles
+
+    t = linear_tiles(1, 1536, 6144)  # qkv + index of a TP8 rank at batch 1: 96 N tiles of 16
+    assert (t.block_m, t.block_n, t.split_k) == (16, 16, 4)
+    assert linear_tiles(64, 6144, 1024).split_k == 1 and linear_tiles(3, 24, 512).split_k == 4
+
+
+def test_mxfp8_linear_keeps_leading_dims_and_reads_the_scales():
+    g = torch.Generator().manual_seed(3)
+    w, s = _mx(g, 32, 64)
+    x = torch.randn(2, 3, 64, generator=g)
+    y = mxfp8_linear(x, w, s, backend=T)
+    assert y.shape == (2, 3, 32)
+    s2 = s.clone()
+    s2[5, 1] += 1  # one block of one row twice as large: only output column 5 changes
+    y2 = mxfp8_linear(x, w, s2, backend=T)
+    changed = (y2 - y).abs().amax(dim=(0, 1)) > 0
+    assert changed.tolist() == [i == 5 for i in range(32)]
+
+
+@pytest.mark.parametrize("tiles", [MoeTiles(16, 16, 32), MoeTiles(16, 32, 64, block_n_down=16)])
+def test_mxfp8_fused_moe_matches_dequantized_fp32(tiles):
+    g = torch.Generator().manual_seed(7)
+    n_tok, top_k, n_exp, hidden, inter = 6, 2, 4, 64, 96
+    (wgu, sgu), (wd, sd) = _mx(g, n_exp, 2 * inter, hidden), _mx(g, n_exp, hidden, inter)
+    ids = torch.randint(-1, n_exp + 1, (n_tok, top_k), generator=g, dtype=torch.int32)
+    ids[0] = torch.arange(top_k)
+    x, w = torch.randn(n_tok, hidden, generator=g) * 2, torch.rand(n_tok, top_k, generator=g) + 0.1
+    scales = MoeScales(sgu[:, :inter], sgu[:, inter:], sd)  # views into the stacked gate|up, as the layer keeps them
+    got = fused_moe(x, wgu[:, :inter], wgu[:, inter:], wd, ids, w, backend=T, tiles=tiles, scales=scales)
+    dq = lambda a, s: quant.dequant_mxfp8(a, s, torch.float64)  # noqa: E731
+    want = fused_moe_ref(x.double(), dq(wgu, sgu)[:, :inter], dq(wgu, sgu)[:, inter:], dq(wd, sd), ids, w.double())
+    assert torch.allclose(got.double(), want, atol=1e-3, rtol=1e-4)
+    torch_path = fused_moe(x, wgu[:, :inter], wgu[:, inter:], wd, ids, w, backend=KernelBackend.TORCH, scales=scales)
+    assert torch.allclose(torch_path.double(), want, atol=1e-3, rtol=1e-4)
+
+
+def _nv(g, n_exp, rows, cols):
+    """Stacked NVFP4 experts with a different global scale per expert (one per row, as the layer keeps them)."""
+    parts = [quant.quant_nvfp4(torch.randn(rows, cols, generator=g) * (e + 1)) for e in range(n_exp)]
+    packed, scale = torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts])
+    glob = torch.stack([p[2].expand(rows) for p in parts]).contiguous()
+    return packed, scale, glob
+
+
+@pytest.mark.parametrize("tiles", [MoeTiles(16, 16, 32), MoeTiles(16, 32, 64, block_n_down=16)])
+def test_nvfp4_fused_moe_matches_dequantized_fp32(tiles):
+    g = torch.Generator().manual_seed(8)
+    n_tok, top_k, n_exp, hidden, inter = 6, 2, 4, 64, 96
+    (pgu, sgu, ggu), (pd, sd, gd) = _nv(g, n_exp, 2 * inter, hidden), _nv(g, n_exp, hidden, inter)
+    ids = torch.randint(-1, n_exp + 1, (n_tok, top_k), generator=g, dtype=torch.int32)
+    ids[0] = torch.arange(top_k)
+    x, w = torch.randn(n_tok, hidden, generator=g), torch.rand(n_tok, top_k, generator=g) + 0.1
+    i = inter
+    scales = MoeScales(sgu[:, :i], sgu[:, i:], sd, ggu[:, :i], ggu[:, i:], gd)
+    got = fused_moe(x, pgu[:, :i], pgu[:, i:], pd, ids, w, backend=T, tiles=tiles, scales=scales)
+    dgu, dd = quant.dequant_nvfp4(pgu, sgu, ggu, torch.float64), quant.dequant_nvfp4(pd, sd, gd, torch.float64)
+    want = fused_moe_ref(x.double(), dgu[:, :i], dgu[:, i:], dd, ids, w.double())
+    assert torch.allclose(got.double(), want, atol=1e-3 * want.abs().max().item(), rtol=1e-4)
+    torch_path = fused_moe(x, pgu[:, :i], pgu[:, i:], pd, ids, w, backend=KernelBackend.TORCH, scales=scales)
+    assert torch.allclose(torch_path.double(), want, atol=1e-3 * want.abs().max().item(), rtol=1e-4)
+
+
+def test_nvfp4_tile_decodes_every_code():
+    """All 16 E2M1 codes in both nibbles, through the kernel (one expert, identity routing)."""
+    codes = torch.arange(16).repeat(4)  # 64 inputs
+    packed = quant.pack_e2m1(codes.view(1, -1).expand(32, -1)).view(1, 32, 32)
+    scale = torch.ones(1, 32, 4).to(torch.float8_e4m3fn)
+    glob = torch.full((1, 32), 0.5)
+    want = quant.dequant_nvfp4(packed[0], scale[0], glob[0], torch.float32)
+    assert want[0, :16].tolist() == [0.5 * v for v in quant.e2m1_table().tolist()]
+    down_p, down_s, down_g = _nv(torch.Generator().manual_seed(1), 1, 64, 32)
+    x = torch.eye(64)[:3]
+    ids, w = torch.zeros(3, 1, dtype=torch.int32), torch.ones(3, 1)
+    scales = MoeScales(scale, scale, down_s, glob, glob, down_g)
+    got = fused_moe(x, packed, packed, down_p, ids, w, backend=T, tiles=MoeTiles(16, 32, 64), scales=scales)
+    ref = fused_moe(x, packed, packed, down_p, ids, w, backend=KernelBackend.TORCH, scales=scales)
+    assert torch.allclose(got, ref, atol=1e-5)
