@@ -282,9 +282,10 @@ class _HostStep:
         self.q_lens.append(len(chunk))
         self.starts.append(len(self.ids))
         self.row_list.append(row)
-        if seq.is_score:
-            self._score(seq, start, start + n, base)
-        elif start + n == seq.num_tokens:
+        lo, hi = max(start, seq.logprob_from - 1), min(start + n, len(seq.prompt_ids) - 1)
+        if seq.is_score or (seq.logprob_from >= 0 and hi > lo):  # scored prompt rows (prompt logprobs too)
+            self._score(seq, start, lo, hi, base)
+        if not seq.is_score and start + n == seq.num_tokens:
             self._sample(row)
 
     def _sample(self, row: Row) -> None:
@@ -296,8 +297,8 @@ class _HostStep:
             self.plain.append(row)
             self.plain_idx.append(row.base + row.length - 1)
 
-    def _score(self, seq: Sequence, start: int, end: int, base: int) -> None:
-        lo, hi = max(start, seq.score_from - 1), min(end, seq.num_tokens - 1)
+    def _score(self, seq: Sequence, start: int, lo: int, hi: int, base: int) -> None:
+        """Rows lo..hi-1 of the chunk starting at `start` score the next prompt token (the plain engine's rule)."""
         self.score_idx += range(base + lo - start, base + hi - start)
         self.targets += seq.token_slice(lo + 1, hi + 1)
         self.counts.append((seq, max(hi - lo, 0)))
