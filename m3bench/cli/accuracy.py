@@ -128,6 +128,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Accuracy of a model on MMLU / GSM8K, gated against a reference (TensorRT-LLM's hypothesis test)."""
         tasks = None if task is None else tuple(t.strip() for t in task.split(",") if t.strip())
+        if tasks == ():
+            raise M3BenchError(f"--task {task!r} names no task (e.g. --task mmlu,gsm8k)")
         opts = Options(model, tasks, limit, num_fewshot, backend, base_url, reference, no_reference, out, data_dir,
                        junit, max_tokens, model_id, quant_algo, extra_acc_spec, seed, progress, engine, baseline,
                        sequential, sequential_batch)

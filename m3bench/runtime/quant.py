@@ -39,7 +39,7 @@ def unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
     """uint8 [..., n/2] -> fp32 [..., n]; byte k holds element 2k in its low nibble, 2k+1 in its high."""
     b = _as_uint8(packed).to(torch.int64)
     codes = torch.stack([b & 0xF, b >> 4], dim=-1).flatten(-2)
-    return e2m1_table()[codes]
+    return e2m1_table().to(codes.device)[codes]
 
 
 def dequant_mxfp8(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -81,10 +81,10 @@ def quant_nvfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
 
 def round_to_e2m1_codes(x: torch.Tensor) -> torch.Tensor:
     """fp32 -> int64 E2M1 codes, round to nearest (ties to the even code), saturating at +-6."""
-    mags = torch.tensor(E2M1_VALUES, dtype=torch.float32)
+    mags = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=x.device)
     dist = (x.abs().clamp(max=E2M1_MAX).unsqueeze(-1) - mags).abs()
     # ties go to the lower code when it is even, which argmin's first-index rule and this tweak give
-    dist = dist + (torch.arange(8) % 2).to(torch.float32) * 1e-7
+    dist = dist + (torch.arange(8, device=x.device) % 2).to(torch.float32) * 1e-7
     code = dist.argmin(-1)
     return torch.where((x < 0) & (code > 0), code + 8, code)
 

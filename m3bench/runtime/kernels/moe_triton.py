@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from m3bench.runtime.kernels.kv_tiles_triton import mma
-from m3bench.runtime.kernels.mxfp8_triton import mx_weight_tile, nv_weight_tile
+from m3bench.runtime.kernels.mxfp8_triton import mx_dot, nv_weight_tile
 
 
 @triton.jit(do_not_specialize=["n_pairs"])
@@ -77,25 +77,27 @@ def moe_gate_up_kernel(
     acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, H, BLOCK_K):
-        kk = k0 + tl.arange(0, BLOCK_K)
-        k_ok = kk < H
-        a = tl.load(x_ptr + tok[:, None] * s_xt + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        w_mask = n_ok[:, None] & k_ok[None, :]
-        if FMT == 1:
-            wg = mx_weight_tile(wg_ptr + e * s_ge + n[:, None] * s_gn + kk[None, :], sg_ptr + e * s_sge, n, kk,
-                                s_sgn, w_mask)
-            wu = mx_weight_tile(wu_ptr + e * s_ue + n[:, None] * s_un + kk[None, :], su_ptr + e * s_sue, n, kk,
-                                s_sun, w_mask)
-        elif FMT == 2:
-            wg = nv_weight_tile(wg_ptr + e * s_ge, sg_ptr + e * s_sge, gg_ptr + e * s_gge, n, kk, s_gn, s_sgn,
-                                n_ok, k_ok)
-            wu = nv_weight_tile(wu_ptr + e * s_ue, su_ptr + e * s_sue, gu_ptr + e * s_gue, n, kk, s_un, s_sun,
-                                n_ok, k_ok)
+        if FMT == 1:  # MXFP8: 32-wide sub-dots, each scaled by its E8M0 block
+            a_rows = x_ptr + tok[:, None] * s_xt
+            acc_g = mx_dot(acc_g, a_rows, wg_ptr + e * s_ge + n[:, None] * s_gn, sg_ptr + e * s_sge, s_sgn, n, n_ok,
+                           row_ok, k0, H, F32, BLOCK_K)
+            acc_u = mx_dot(acc_u, a_rows, wu_ptr + e * s_ue + n[:, None] * s_un, su_ptr + e * s_sue, s_sun, n, n_ok,
+                           row_ok, k0, H, F32, BLOCK_K)
         else:
-            wg = tl.load(wg_ptr + e * s_ge + n[:, None] * s_gn + kk[None, :], mask=w_mask, other=0.0)
-            wu = tl.load(wu_ptr + e * s_ue + n[:, None] * s_un + kk[None, :], mask=w_mask, other=0.0)
-        acc_g += mma(a, tl.trans(wg), F32)
-        acc_u += mma(a, tl.trans(wu), F32)
+            kk = k0 + tl.arange(0, BLOCK_K)
+            k_ok = kk < H
+            a = tl.load(x_ptr + tok[:, None] * s_xt + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            w_mask = n_ok[:, None] & k_ok[None, :]
+            if FMT == 2:
+                wg = nv_weight_tile(wg_ptr + e * s_ge, sg_ptr + e * s_sge, gg_ptr + e * s_gge, n, kk, s_gn, s_sgn,
+                                    n_ok, k_ok)
+                wu = nv_weight_tile(wu_ptr + e * s_ue, su_ptr + e * s_sue, gu_ptr + e * s_gue, n, kk, s_un, s_sun,
+                                    n_ok, k_ok)
+            else:
+                wg = tl.load(wg_ptr + e * s_ge + n[:, None] * s_gn + kk[None, :], mask=w_mask, other=0.0)
+                wu = tl.load(wu_ptr + e * s_ue + n[:, None] * s_un + kk[None, :], mask=w_mask, other=0.0)
+            acc_g += mma(a, tl.trans(wg), F32)
+            acc_u += mma(a, tl.trans(wu), F32)
     h = _activation(acc_g, acc_u, alpha, limit, ACT)
     out = inter_ptr + slots[:, None].to(tl.int64) * s_it + n[None, :]
     tl.store(out, h.to(inter_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
@@ -118,19 +120,20 @@ def moe_down_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     rows = slots[:, None].to(tl.int64) * s_it
     for k0 in range(0, I, BLOCK_K):
-        kk = k0 + tl.arange(0, BLOCK_K)
-        k_ok = kk < I
-        a = tl.load(inter_ptr + rows + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        w_mask = n_ok[:, None] & k_ok[None, :]
-        if FMT == 1:
-            w = mx_weight_tile(wd_ptr + e * s_de + n[:, None] * s_dn + kk[None, :], sd_ptr + e * s_sde, n, kk,
-                               s_sdn, w_mask)
-        elif FMT == 2:
-            w = nv_weight_tile(wd_ptr + e * s_de, sd_ptr + e * s_sde, gd_ptr + e * s_gde, n, kk, s_dn, s_sdn,
-                               n_ok, k_ok)
+        if FMT == 1:  # MXFP8: 32-wide sub-dots, each scaled by its E8M0 block
+            acc = mx_dot(acc, inter_ptr + rows, wd_ptr + e * s_de + n[:, None] * s_dn, sd_ptr + e * s_sde, s_sdn, n,
+                         n_ok, row_ok, k0, I, F32, BLOCK_K)
         else:
-            w = tl.load(wd_ptr + e * s_de + n[:, None] * s_dn + kk[None, :], mask=w_mask, other=0.0)
-        acc += mma(a, tl.trans(w), F32)
+            kk = k0 + tl.arange(0, BLOCK_K)
+            k_ok = kk < I
+            a = tl.load(inter_ptr + rows + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            w_mask = n_ok[:, None] & k_ok[None, :]
+            if FMT == 2:
+                w = nv_weight_tile(wd_ptr + e * s_de, sd_ptr + e * s_sde, gd_ptr + e * s_gde, n, kk, s_dn, s_sdn,
+                                   n_ok, k_ok)
+            else:
+                w = tl.load(wd_ptr + e * s_de + n[:, None] * s_dn + kk[None, :], mask=w_mask, other=0.0)
+            acc += mma(a, tl.trans(w), F32)
     acc *= tl.load(weights_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)[:, None]
     out = y_ptr + pair[:, None].to(tl.int64) * s_yp + n[None, :]
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])

@@ -32,13 +32,13 @@ class LinearTiles:
 
 
 def linear_tiles(m: int, n: int, k: int = 0) -> LinearTiles:
-    """Skinny M (decode): BLOCK_M 16, N tiles narrowed, then K split until the grid fills the GPU."""
+    """Skinny M (decode): BLOCK_M 16, BLOCK_N 64, then K split (up to 16) until the grid fills the GPU.
+    (H200 sweep, benchmarks/mxfp8_tiles.py: at M=1, N 1536, K 6144, BLOCK_N 64 x split 16 ran 21 us where
+    BLOCK_N 16 x split 4 ran 100 us.)"""
     block_m = 16 if m <= 16 else 32 if m <= 32 else 64
-    block_n = 128
-    while block_n > 16 and math.ceil(m / block_m) * math.ceil(n / block_n) < MIN_PROGRAMS:
-        block_n //= 2
+    block_n = 64
     split = 1
-    while (math.ceil(m / block_m) * math.ceil(n / block_n) * split < MIN_PROGRAMS and split < 8
+    while (math.ceil(m / block_m) * math.ceil(n / block_n) * split < MIN_PROGRAMS and split < 16
            and k % (2 * split * 128) == 0):
         split *= 2
     return LinearTiles(block_m, block_n, num_warps=4 if block_m <= 32 else 8, split_k=split)

@@ -1,6 +1,7 @@
 """Triton MXFP8 GEMM: y = x W^T (+ b) with W float8_e4m3fn [N, K] and E8M0 scales [N, K/32], the
 weight tile dequantized in registers (Hopper has no MX instructions: the scale tile is applied
-inside the GEMM loop, then a bf16 / fp32 tl.dot). `mx_weight_tile` and `nv_weight_tile` (NVFP4:
+inside the GEMM loop: `mx_dot` scales each 32-wide sub-dot's fp32 partial by its block's power of two). `mx_dot`
+and `nv_weight_tile` (NVFP4:
 E2M1 codes, e4m3 scale per 16, fp32 global per row) serve the fused MoE's expert formats.
 """
 
@@ -15,11 +16,18 @@ NV_BLOCK = tl.constexpr(16)
 
 
 @triton.jit
-def mx_weight_tile(w_ptrs, s_base, n, kk, s_sn, mask):
-    """fp32 [BLOCK_N, BLOCK_K] = fp8 weights * 2^(e8m0 - 127) of their 32-element block (row n, col kk)."""
-    w = tl.load(w_ptrs, mask=mask, other=0.0).to(tl.float32)
-    s = tl.load(s_base + n[:, None] * s_sn + (kk // MX_BLOCK)[None, :], mask=mask, other=127)
-    return w * tl.exp2(s.to(tl.float32) - E8M0_BIAS)
+def mx_dot(acc, a_rows, w_rows, s_base, s_sn, n, n_ok, row_ok, k0, K, F32: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc + a[:, k0:k0+BLOCK_K] . dequant(w)[n, k0:k0+BLOCK_K]^T as one 32-wide sub-dot per E8M0 block: the
+    block's power of two scales the fp32 partial (exact), so no per-element scale gather or exp2.
+    `a_rows` [BLOCK_M, 1] and `w_rows` [BLOCK_N, 1] point at the rows' starts."""
+    for j in tl.static_range(BLOCK_K // MX_BLOCK):
+        kk = k0 + j * MX_BLOCK + tl.arange(0, MX_BLOCK)
+        k_ok = kk < K
+        a = tl.load(a_rows + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        s = tl.load(s_base + n * s_sn + (k0 // MX_BLOCK + j), mask=n_ok & (k0 + j * MX_BLOCK < K), other=127)
+        acc += mma(a, tl.trans(w), F32) * tl.exp2(s.to(tl.float32) - E8M0_BIAS)[None, :]
+    return acc
 
 
 @triton.jit
@@ -51,14 +59,10 @@ def mxfp8_linear_kernel(
     k_start = tl.program_id(2) * K_SPLIT
     m_ok, n_ok = m < M, n < N
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    a_rows = x_ptr + m[:, None].to(tl.int64) * s_xm
+    w_rows = w_ptr + n[:, None].to(tl.int64) * s_wn
     for k0 in range(k_start, k_start + K_SPLIT, BLOCK_K):
-        kk = k0 + tl.arange(0, BLOCK_K)
-        k_ok = kk < K
-        a = tl.load(x_ptr + m[:, None].to(tl.int64) * s_xm + kk[None, :], mask=m_ok[:, None] & k_ok[None, :],
-                    other=0.0)
-        w_mask = n_ok[:, None] & k_ok[None, :]
-        w = mx_weight_tile(w_ptr + n[:, None].to(tl.int64) * s_wn + kk[None, :], s_ptr, n, kk, s_sn, w_mask)
-        acc += mma(a, tl.trans(w), F32)
+        acc = mx_dot(acc, a_rows, w_rows, s_ptr, s_sn, n, n_ok, m_ok, k0, K, F32, BLOCK_K)
     if HAS_BIAS:
         acc += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     out = y_ptr + tl.program_id(2).to(tl.int64) * s_split + m[:, None].to(tl.int64) * s_ym + n[None, :]

@@ -39,9 +39,9 @@ def test_mxfp8_linear_matches_dequantized_fp32(m, n, k, tiles, bias):
 def test_decode_tiles_split_k_until_the_grid_fills():
     from m3bench.runtime.kernels.mxfp8 import linear_tiles
 
-    t = linear_tiles(1, 1536, 6144)  # qkv + index of a TP8 rank at batch 1: 96 N tiles of 16
-    assert (t.block_m, t.block_n, t.split_k) == (16, 16, 4)
-    assert linear_tiles(64, 6144, 1024).split_k == 1 and linear_tiles(3, 24, 512).split_k == 4
+    t = linear_tiles(1, 1536, 6144)  # qkv + index of a TP8 rank at batch 1: 24 N tiles of 64, 16 K pieces
+    assert (t.block_m, t.block_n, t.split_k) == (16, 64, 16)
+    assert linear_tiles(64, 6144, 1024).split_k == 4 and linear_tiles(3, 24, 512).split_k == 4
 
 
 def test_mxfp8_linear_keeps_leading_dims_and_reads_the_scales():
