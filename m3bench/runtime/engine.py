@@ -322,9 +322,20 @@ class Engine:
         tokens = sampled.token_ids.tolist()  # the one device -> host sync of the step
         lps = sampled.logprobs.tolist() if sampled.logprobs is not None else None
         tops = sampled_tops(sampled)
-        deltas = [self._append(seq, tokens[i], now, lps and lps[i], tops and tops[i])
+        deltas = [self.land(seq, [tokens[i]], now, [lps and lps[i]], [tops and tops[i]])
                   for i, seq in enumerate(sample_seqs)]
         return deltas + [make_delta(s, (), "", ()) for s in batch.seqs if s.is_score and s.finished]
+
+    def land(self, seq: Sequence, tokens: list[int], now: float, lps: list, tops: list) -> RequestDelta:
+        """The one way tokens land, in every mode (a sampled token, a verify row's accepted drafts and
+        bonus, an overlapped step's token one step late): append them in order with the stop rules
+        (the first stop ends the run); their merged delta. lps / tops: per token, None without logprobs."""
+        parts = []
+        for t, lp, top in zip(tokens, lps, tops, strict=True):
+            parts.append(self._append(seq, t, now, lp, top))
+            if seq.finished:
+                break
+        return parts[0] if len(parts) == 1 else merge_deltas(parts)
 
     def _append(self, seq: Sequence, token: int, now: float, lp: float | None, top) -> RequestDelta:
         seq.output_ids.append(token)
@@ -372,6 +383,16 @@ def _new_text(seq: Sequence) -> str:
     out = seq.text[seq.num_emitted_chars:end]
     seq.num_emitted_chars = end
     return out
+
+
+def merge_deltas(parts: list[RequestDelta]) -> RequestDelta:
+    """One delta for consecutive deltas of one request (tokens, text, times and logprobs in order)."""
+    first, last = parts[0], parts[-1]
+    return dataclasses.replace(
+        first, token_ids=tuple(t for p in parts for t in p.token_ids), text="".join(p.text for p in parts),
+        token_times_s=tuple(x for p in parts for x in p.token_times_s), finished=last.finished,
+        finish_reason=last.finish_reason, logprobs=tuple(x for p in parts for x in p.logprobs),
+        top_logprobs=tuple(x for p in parts for x in p.top_logprobs))
 
 
 def make_delta(seq: Sequence, tokens: tuple[int, ...], text: str, times: tuple[float, ...]) -> RequestDelta:

@@ -100,7 +100,7 @@ class OverlapEngine(Engine):
         if seq.finished:  # stopped one step earlier (this is the extra token), aborted or dropped
             return None
         self._commit_known(seq)
-        return self._append(seq, token, now, lp, top)
+        return self.land(seq, [token], now, [lp], [top])
 
     def _commit_known(self, seq: Sequence) -> None:
         """Register the computed full pages in the prefix cache, but only over tokens known on the host."""

@@ -28,6 +28,7 @@ import torch
 
 from m3bench.runtime.attention.metadata import AttnMetadata
 from m3bench.runtime.block_manager import BlockManager
+from m3bench.runtime.decode_state import PLACEHOLDER
 from m3bench.runtime.kv_cache import KVCache
 from m3bench.runtime.model import CaptureSpec
 from m3bench.runtime.scheduler import ScheduledBatch
@@ -47,8 +48,10 @@ from m3bench.runtime.transfer import upload, upload_list
 
 @dataclass
 class DraftState:
-    drafts: list[int]  # target-vocabulary ids the next verify checks (empty: decode without drafts)
+    drafts: list[int]  # target-vocabulary ids the next verify checks (empty: decode without drafts);
+    #                    PLACEHOLDERs while they are still on the device (drafts_on_device)
     q: torch.Tensor | None = None  # [K, V] the distributions they were drawn from (sampled requests)
+    tokens: torch.Tensor | None = None  # [K] the drafts on the device (drafts_on_device), else None
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,7 @@ class SpecRunner:
         self.states: dict[int, DraftState] = {}
         self.records: dict[int, AcceptanceRecord] = {}
         self.graphs = None  # SpecGraphs (speculative/graphs.py): captured verify and chain steps, or eager
+        self.drafts_on_device = False  # overlap: the drafts stay on the device, no sync after the chain
 
     def release(self, seq: Sequence) -> None:
         """The target freed the request's pages (finish, abort, preemption): its draft state goes too."""
@@ -130,11 +134,14 @@ class SpecRunner:
     def _to_device(self, batch: ScheduledBatch, h: "_HostStep") -> TargetStep:
         T, B = len(h.ids), len(h.seq_lens)
         idx = h.verify_idx + h.plain_idx + h.score_idx
-        host = torch.tensor(h.ids + h.pos + h.rows + h.starts + h.seq_lens + idx + h.targets + h.drafts,
-                            dtype=torch.int64)
+        host = torch.tensor(h.ids + h.pos + h.rows + h.starts + h.seq_lens + idx + h.targets + h.drafts
+                            + h.draft_idx, dtype=torch.int64)
         dev = upload(host, self.device)
-        ids, pos, rows, qsl, lens, lidx, tgt, drafts = dev.split(
-            [T, T, T, B + 1, B, len(idx), len(h.targets), len(h.drafts)])
+        ids, pos, rows, qsl, lens, lidx, tgt, drafts, draft_idx = dev.split(
+            [T, T, T, B + 1, B, len(idx), len(h.targets), len(h.drafts), len(h.draft_idx)])
+        if h.verify and self.drafts_on_device:  # the drafts the last chain left on the device
+            drafts = torch.stack([self.states[r.seq.request_id].tokens for r in h.verify]).view(-1)
+            ids[draft_idx] = drafts
         self.bm.flush()
         P = self.bm.P
         slots = self.bm.table[rows, pos // P].long() * P + pos % P
@@ -166,17 +173,16 @@ class SpecRunner:
             captured = self.graphs.greedy_result(step) if self.graphs is not None else None
             return captured if captured is not None else verify_greedy(target, step.draft_tokens, num_draft)
         p = target_distribution(target, [s.params for s in seqs])
-        q = torch.stack([self._draft_probs(r, p.shape[-1]) for r in step.verify])
+        q = torch.stack([self._draft_probs(r, d, p.shape[-1]) for r, d in zip(step.verify, step.draft_tokens)])
         u = draw_uniforms([self.K] * len(seqs), self.K, [s.generator for s in seqs], self.generator, self.device)
         greedy = torch.tensor([s.params.greedy for s in seqs], device=self.device)
         return verify_sampled(p, q, step.draft_tokens, num_draft, greedy, u)
 
-    def _draft_probs(self, row: Row, vocab: int) -> torch.Tensor:
+    def _draft_probs(self, row: Row, drafts: torch.Tensor, vocab: int) -> torch.Tensor:
         q = self.states[row.seq.request_id].q
         if q is not None:
             return q
-        ids = torch.tensor(row.drafts, device=self.device)  # greedy drafts: one-hot (unused by greedy rows)
-        return torch.nn.functional.one_hot(ids, vocab).float()
+        return torch.nn.functional.one_hot(drafts, vocab).float()  # greedy drafts: one-hot (unused by greedy rows)
 
     def _target_picks(self, target: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """[B, K+1] the target's own token at each position: argmax, or a draw for sampled requests."""
@@ -237,6 +243,11 @@ class SpecRunner:
         self._store_drafts(seqs, torch.stack(toks, dim=1), torch.stack(qs, dim=1) if qs[0] is not None else None)
 
     def _store_drafts(self, seqs: list[Sequence], toks: torch.Tensor, probs: torch.Tensor | None) -> None:
+        if self.drafts_on_device:  # no sync: the next step schedules and builds while the chain runs
+            held = [PLACEHOLDER] * self.K
+            for i, seq in enumerate(seqs):
+                self.states[seq.request_id] = DraftState(held, None if probs is None else probs[i], toks[i])
+            return
         drafts = toks.tolist()  # the draft phase's one device -> host sync
         for i, seq in enumerate(seqs):
             self.states[seq.request_id] = DraftState(drafts[i], None if probs is None else probs[i])
@@ -266,6 +277,7 @@ class _HostStep:
         self.rows: list[int] = []
         self.starts, self.seq_lens, self.q_lens = [0], [], []
         self.verify_idx, self.plain_idx, self.score_idx, self.targets, self.drafts = [], [], [], [], []
+        self.draft_idx: list[int] = []  # token indices of the verify rows' drafts
         self.row_list: list[Row] = []
         self.verify: list[Row] = []
         self.plain: list[Row] = []
@@ -292,6 +304,7 @@ class _HostStep:
             self.verify.append(row)
             self.verify_idx += range(row.base, row.base + row.length)
             self.drafts += row.drafts
+            self.draft_idx += range(row.base + 1, row.base + row.length)
         else:
             self.plain.append(row)
             self.plain_idx.append(row.base + row.length - 1)

@@ -88,9 +88,11 @@ def make_layout(spec: SpecConfig, draft: Eagle3Draft, kv: Any, bm: Any, max_batc
 
 
 def build_spec_engine(model, kv, bm, scheduler, sampler, tokenizer, eos_ids, max_model_len: int, spec: SpecConfig,
-                      draft: Eagle3Draft, max_batch_size: int, max_num_tokens: int, graphs: bool = False):
+                      draft: Eagle3Draft, max_batch_size: int, max_num_tokens: int, graphs: bool = False,
+                      overlap: bool = False):
     """`graphs`: capture the verify and chain steps (speculative/graphs.py); the target's scratch page is
-    page bm.num_blocks of kv (the caller allocated it)."""
+    page bm.num_blocks of kv (the caller allocated it). `overlap`: the drafts stay on the device (no
+    sync after the chain; the next step is built while it runs)."""
     from m3bench.runtime.engine import ModelRunner
     from m3bench.runtime.speculative.runner import SpecRunner
     from m3bench.runtime.speculative.spec_engine import SpecEngine
@@ -100,6 +102,7 @@ def build_spec_engine(model, kv, bm, scheduler, sampler, tokenizer, eos_ids, max
     scheduler.lookahead_tokens, scheduler.draft_tokens = lookahead_tokens(spec), spec.draft_len
     capacity = max_num_tokens + max_batch_size * (spec.draft_len + 1)
     runner = SpecRunner(model, kv, bm, draft, layout, spec, layers, capacity, sampler.generator)
+    runner.drafts_on_device = overlap
     bm.on_free.append(runner.release)
     if graphs:
         runner.graphs = capture_spec_graphs(runner, bm.num_blocks, max_batch_size)

@@ -5,12 +5,14 @@ draft (extend + chain). Everything else (admission, stop rules, detokenizing, de
 
 Per step, in one target forward: verify rows (requests with drafts: [last token, d_1..d_K]), prefill
 chunks of new or resumed requests, plain decode rows (logprobs / min_tokens requests, sampled by the
-engine's sampler) and scoring rows. One device -> host sync for the accepted tokens, one for the drafts.
+engine's sampler) and scoring rows. One device -> host sync for the accepted tokens, one for the drafts;
+under overlap (async_scheduling: spec.drafts_on_device) only the first: the drafts stay on the device,
+and the next step is scheduled and built on the host while the draft's extend and chain run, its verify
+rows taking their drafts on the device. Tokens land through `Engine.land`, as in every mode.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import torch
@@ -84,7 +86,7 @@ class SpecEngine(Engine):
         seq = row.seq
         self.spec.record(seq).add(proposed=len(row.drafts), accepted=a)
         seq.num_computed = row.start + a + 1  # rollback by length: positions past it are stale
-        merged = self._append_all(seq, out[:a + 1], now, *self._row_logprobs(row, len(out)))
+        merged = self.land(seq, out[:a + 1], now, *self._row_logprobs(row, a + 1))
         if not seq.finished:
             self.scheduler.bm.commit(seq)
             extends.append(Extend(seq, row.start, seq.num_computed, list(range(row.base, row.base + a + 1)),
@@ -96,22 +98,7 @@ class SpecEngine(Engine):
         if chosen is None or row.seq.params.logprobs is None:
             return [None] * width, [None] * width
         i = self._verify_index[id(row)]
-        return chosen[i], tops[i] if tops is not None else [None] * width
-
-    def _append_all(self, seq: Sequence, tokens: list[int], now: float, lps: list, tops: list) -> RequestDelta:
-        parts = []
-        for t, lp, top in zip(tokens, lps, tops):
-            parts.append(self._append(seq, t, now, lp, top))
-            if seq.finished:
-                break
-        last = parts[-1]
-        merged = RequestDelta(seq.request_id, tuple(t for p in parts for t in p.token_ids),
-                              "".join(p.text for p in parts), tuple(x for p in parts for x in p.token_times_s),
-                              last.finished, last.finish_reason)
-        if seq.params.logprobs is None:
-            return merged
-        return dataclasses.replace(merged, logprobs=tuple(x for p in parts for x in p.logprobs),
-                                   top_logprobs=tuple(x for p in parts for x in p.top_logprobs))
+        return chosen[i][:width], tops[i][:width] if tops is not None else [None] * width
 
     def _plain(self, row: Row, token: int, now: float, lp, top, extends: list[Extend]) -> RequestDelta:
         seq = row.seq
@@ -119,7 +106,7 @@ class SpecEngine(Engine):
             self.spec.record(seq).add(proposed=0, accepted=0)  # a decode step without drafts
         seq.num_computed += row.length
         self.scheduler.bm.commit(seq)
-        delta = self._append(seq, token, now, lp, top)
+        delta = self.land(seq, [token], now, [lp], [top])
         if not seq.finished:
             extends.append(Extend(seq, row.start, seq.num_computed, list(range(row.base, row.base + row.length)),
                                   eligible(seq)))
