@@ -5,8 +5,8 @@
     while engine.has_work():
         deltas = engine.step()          # list[RequestDelta]: new tokens / text / timestamps per request
 
-Inputs are built on the host as one int64 buffer and copied to the device once; the slot of every
-token is looked up on the device from the persistent block table (no page ids cross the bus). A step
+Inputs are built on the host as rows (runtime/step_rows.py, shared with speculation) and copied to the
+device once; the slot of every token is looked up on the device from the persistent block table. A step
 in which every request decodes one token from its own row is built on the device instead, from the
 tokens and positions the previous steps left there (runtime/decode_state: no per-request host work).
 """
@@ -22,13 +22,13 @@ import torch
 
 from m3bench.runtime.attention.metadata import AttnMetadata
 from m3bench.runtime.block_manager import BlockManager
-from m3bench.runtime.decode_state import PLACEHOLDER, DecodeState
+from m3bench.runtime.decode_state import DecodeState
 from m3bench.runtime.kv_cache import KVCache
 from m3bench.runtime.sampler import Sampler, SamplerOutput, make_generator
 from m3bench.runtime.scheduler import ScheduledBatch, Scheduler
 from m3bench.runtime.sequence import Detokenizer, FinishReason, Sequence
+from m3bench.runtime.step_rows import StepInputs, StepRows
 from m3bench.runtime.step_timing import NO_CLOCK
-from m3bench.runtime.transfer import upload
 
 
 @dataclass(frozen=True)
@@ -45,21 +45,6 @@ class RequestDelta:
     top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()  # per new token: (id, logprob), best first
     prompt_logprobs: tuple[float, ...] = ()  # with SamplingParams.prompt_logprobs: prompt tokens 1.. (once)
     prompt_top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()  # their top n (id, logprob)
-
-
-@dataclass(frozen=True)
-class StepInputs:
-    input_ids: torch.Tensor  # [T]
-    positions: torch.Tensor  # [T]
-    meta: AttnMetadata
-    logits_idx: torch.Tensor  # [N] token indices whose logits are needed: sampled rows first, then score rows
-    sample_seqs: list[Sequence]
-    score_targets: torch.Tensor  # [N - len(sample_seqs)] the token each score row predicts
-    score_counts: list[tuple[Sequence, int]]  # score rows per scoring request, in order
-    device_built: bool = False  # a decode step built from the DecodeState (rows 0..B-1, one token each)
-    sample_rows: torch.Tensor | None = None  # host-built: block-table row of each sampled request
-    sample_pos: torch.Tensor | None = None  # host-built: the position its sampled token will take
-    sample_pos_host: list[int] = dataclasses.field(default_factory=list)
 
 
 class ModelRunner:
@@ -80,34 +65,10 @@ class ModelRunner:
     def prepare(self, batch: ScheduledBatch) -> StepInputs:
         if self.state is not None and self.state.ready(batch):
             return self._prepare_decode(batch)
-        ids: list[int] = []
-        rows: list[int] = []
-        pos: list[int] = []
-        seq_lens: list[int] = []
-        sample_idx, sample_seqs, score_idx, targets, counts = [], [], [], [], []
-        sample_rows, sample_pos, ph_idx, ph_rows = [], [], [], []
+        rows = StepRows()
         for seq, n in zip(batch.seqs, batch.num_tokens):
-            start, end = seq.num_computed, seq.num_computed + n
-            base = len(ids)
-            ids += seq.token_slice(start, end)
-            pos += range(start, end)
-            rows += [seq.row] * n
-            seq_lens.append(end)
-            lo, hi = max(start, seq.logprob_from - 1), min(end, len(seq.prompt_ids) - 1)
-            if seq.is_score or (seq.logprob_from >= 0 and hi > lo):  # scored prompt rows (prompt logprobs too)
-                score_idx += range(base + lo - start, base + hi - start)
-                targets += seq.token_slice(lo + 1, hi + 1)
-                counts.append((seq, max(hi - lo, 0)))
-            if not seq.is_score and end == seq.num_tokens:
-                sample_idx.append(base + n - 1)
-                sample_seqs.append(seq)
-                sample_rows.append(seq.row)
-                sample_pos.append(end)
-            if ids[-1] == PLACEHOLDER:  # its token is still on the device (asynchronous scheduling)
-                ph_idx.append(len(ids) - 1)
-                ph_rows.append(seq.row)
-        return self._to_device(batch, ids, pos, rows, seq_lens, sample_idx + score_idx, targets,
-                               sample_seqs, counts, [sample_rows, sample_pos, ph_idx, ph_rows])
+            rows.add(seq, n)
+        return rows.to_device(batch, self.bm, self.device, row_tokens=None if self.state is None else self.state.tokens)
 
     def _prepare_decode(self, batch: ScheduledBatch) -> StepInputs:
         """Inputs of a decode step from the DecodeState: no per-request work on the host."""
@@ -118,29 +79,6 @@ class ModelRunner:
         meta = AttnMetadata(query_start_loc=self._qsl[:B + 1], seq_lens=lens, block_tables=self.bm.table[:B, :width],
                             slot_mapping=slots, positions=pos, query_lens_host=[1] * B, seq_lens_host=lens_host)
         return StepInputs(ids, pos, meta, self._idx[:B], batch.seqs, self._none, [], device_built=True)
-
-    def _to_device(self, batch, ids, pos, rows, seq_lens, logits_idx, targets, sample_seqs, counts,
-                   extra: list[list[int]]) -> StepInputs:
-        T, B, N = len(ids), len(seq_lens), len(logits_idx)
-        q_lens = list(batch.num_tokens)
-        starts = [0]
-        for q in q_lens:
-            starts.append(starts[-1] + q)
-        host = torch.tensor(ids + pos + rows + starts + seq_lens + logits_idx + targets + [v for e in extra for v in e],
-                            dtype=torch.int64)
-        dev = upload(host, self.device)
-        cut = [T, T, T, B + 1, B, N, len(targets)] + [len(e) for e in extra]
-        input_ids, positions, rows_t, qsl, lens, idx, tgt, s_rows, s_pos, ph_idx, ph_rows = dev.split(cut)
-        if extra[2]:
-            input_ids[ph_idx] = self.state.tokens[ph_rows]
-        self.bm.flush()
-        table = self.bm.table
-        slots = table[rows_t, positions // self.P].long() * self.P + positions % self.P
-        width = -(-max(seq_lens) // self.P)
-        meta = AttnMetadata(query_start_loc=qsl.int(), seq_lens=lens.int(),
-                            block_tables=self.bm.rows_view(batch.seqs, width), slot_mapping=slots,
-                            positions=positions, query_lens_host=q_lens, seq_lens_host=seq_lens)
-        return StepInputs(input_ids, positions, meta, idx, sample_seqs, tgt, counts, False, s_rows, s_pos, extra[1])
 
     def record(self, inputs: StepInputs, sampled: torch.Tensor) -> None:
         """Keep the step's sampled tokens on the device as the next decode inputs of their rows."""

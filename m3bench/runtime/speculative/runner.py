@@ -40,10 +40,11 @@ from m3bench.runtime.speculative.propose import sample_draft
 from m3bench.runtime.speculative.stats import AcceptanceRecord
 from m3bench.runtime.speculative.synthetic import SyntheticAcceptance, force_acceptance
 from m3bench.runtime.step_timing import NO_CLOCK
+from m3bench.runtime.step_rows import Row, StepInputs, StepRows
 from m3bench.runtime.speculative.verify import (
     VerifyResult, draw_uniforms, target_distribution, verify_greedy, verify_sampled,
 )
-from m3bench.runtime.transfer import upload, upload_list
+from m3bench.runtime.transfer import upload_list
 
 
 @dataclass
@@ -52,31 +53,6 @@ class DraftState:
     #                    PLACEHOLDERs while they are still on the device (drafts_on_device)
     q: torch.Tensor | None = None  # [K, V] the distributions they were drawn from (sampled requests)
     tokens: torch.Tensor | None = None  # [K] the drafts on the device (drafts_on_device), else None
-
-
-@dataclass(frozen=True)
-class Row:
-    """One request in the target step."""
-
-    seq: Sequence
-    start: int  # num_computed before the step
-    length: int  # tokens run (1 + K for a verify row)
-    base: int  # index of its first token among the step's tokens
-    drafts: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class TargetStep:
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    meta: AttnMetadata
-    logits_idx: torch.Tensor  # verify rows' 1 + K each, then plain sample rows, then score rows
-    rows: list[Row]
-    verify: list[Row]
-    plain: list[Row]  # sampled by the engine's sampler (prefill ends, requests under min_tokens)
-    draft_tokens: torch.Tensor  # [len(verify), K]
-    score_targets: torch.Tensor
-    score_counts: list[tuple[Sequence, int]]
 
 
 @dataclass(frozen=True)
@@ -123,36 +99,19 @@ class SpecRunner:
         return self.records.setdefault(seq.request_id, AcceptanceRecord())
 
     # ---- target step ---------------------------------------------------------------------------
-    def prepare(self, batch: ScheduledBatch) -> TargetStep:
-        h = _HostStep()
+    def prepare(self, batch: ScheduledBatch) -> StepInputs:
+        rows = StepRows()
         for seq, n in zip(batch.seqs, batch.num_tokens):
             st = self.states.get(seq.request_id)
-            drafts = st.drafts if st is not None and seq.num_to_compute == 1 else []
-            h.add(seq, n, drafts)
-        return self._to_device(batch, h)
+            rows.add(seq, n, st.drafts if st is not None and seq.num_to_compute == 1 else ())
+        fill = self._device_drafts if self.drafts_on_device else None  # the drafts the last chain left there
+        return rows.to_device(batch, self.bm, self.device, self.K, draft_tokens=fill)
 
-    def _to_device(self, batch: ScheduledBatch, h: "_HostStep") -> TargetStep:
-        T, B = len(h.ids), len(h.seq_lens)
-        idx = h.verify_idx + h.plain_idx + h.score_idx
-        host = torch.tensor(h.ids + h.pos + h.rows + h.starts + h.seq_lens + idx + h.targets + h.drafts
-                            + h.draft_idx, dtype=torch.int64)
-        dev = upload(host, self.device)
-        ids, pos, rows, qsl, lens, lidx, tgt, drafts, draft_idx = dev.split(
-            [T, T, T, B + 1, B, len(idx), len(h.targets), len(h.drafts), len(h.draft_idx)])
-        if h.verify and self.drafts_on_device:  # the drafts the last chain left on the device
-            drafts = torch.stack([self.states[r.seq.request_id].tokens for r in h.verify]).view(-1)
-            ids[draft_idx] = drafts
-        self.bm.flush()
-        P = self.bm.P
-        slots = self.bm.table[rows, pos // P].long() * P + pos % P
-        meta = AttnMetadata(query_start_loc=qsl.int(), seq_lens=lens.int(),
-                            block_tables=self.bm.rows_view(batch.seqs, -(-max(h.seq_lens) // P)),
-                            slot_mapping=slots, positions=pos, query_lens_host=h.q_lens, seq_lens_host=h.seq_lens)
-        return TargetStep(ids, pos, meta, lidx, h.row_list, h.verify, h.plain, drafts.view(-1, self.K), tgt,
-                          h.counts)
+    def _device_drafts(self, verify: list[Row]) -> torch.Tensor:
+        return torch.stack([self.states[r.seq.request_id].tokens for r in verify])
 
     @torch.inference_mode()
-    def run_target(self, step: TargetStep) -> torch.Tensor:
+    def run_target(self, step: StepInputs) -> torch.Tensor:
         """Logits [N, V] float32 of step.logits_idx; the capture-layer residuals land in the buffer."""
         with self.clock.forward():
             if self.graphs is not None and self.graphs.fits_verify(step):
@@ -162,7 +121,7 @@ class SpecRunner:
 
     # ---- verification --------------------------------------------------------------------------
     @torch.inference_mode()
-    def verify(self, logits: torch.Tensor, step: TargetStep) -> VerifyResult:
+    def verify(self, logits: torch.Tensor, step: StepInputs) -> VerifyResult:
         """Accepted counts and emitted tokens of the verify rows ([nv * (K + 1), V] logits)."""
         seqs = [r.seq for r in step.verify]
         target = logits.view(len(seqs), self.K + 1, -1)
@@ -266,54 +225,6 @@ class SpecRunner:
             return self.draft.to_target_ids(logits.argmax(-1)), None
         s = sample_draft(logits, [x.params.temperature for x in seqs], [x.generator for x in seqs], self.generator)
         return self.draft.to_target_ids(s.token_ids), self.draft.probs_to_target(s.probs)
-
-
-class _HostStep:
-    """Host lists of one target step, filled request by request."""
-
-    def __init__(self) -> None:
-        self.ids: list[int] = []
-        self.pos: list[int] = []
-        self.rows: list[int] = []
-        self.starts, self.seq_lens, self.q_lens = [0], [], []
-        self.verify_idx, self.plain_idx, self.score_idx, self.targets, self.drafts = [], [], [], [], []
-        self.draft_idx: list[int] = []  # token indices of the verify rows' drafts
-        self.row_list: list[Row] = []
-        self.verify: list[Row] = []
-        self.plain: list[Row] = []
-        self.counts: list[tuple[Sequence, int]] = []
-
-    def add(self, seq: Sequence, n: int, drafts: list[int]) -> None:
-        start, base = seq.num_computed, len(self.ids)
-        chunk = seq.token_slice(start, start + n) + list(drafts)
-        row = Row(seq, start, len(chunk), base, tuple(drafts))
-        self.ids += chunk
-        self.pos += range(start, start + len(chunk))
-        self.rows += [seq.row] * len(chunk)
-        self.seq_lens.append(start + len(chunk))
-        self.q_lens.append(len(chunk))
-        self.starts.append(len(self.ids))
-        self.row_list.append(row)
-        if seq.is_score:
-            self._score(seq, start, start + n, base)
-        elif start + n == seq.num_tokens:
-            self._sample(row)
-
-    def _sample(self, row: Row) -> None:
-        if row.drafts:
-            self.verify.append(row)
-            self.verify_idx += range(row.base, row.base + row.length)
-            self.drafts += row.drafts
-            self.draft_idx += range(row.base + 1, row.base + row.length)
-        else:
-            self.plain.append(row)
-            self.plain_idx.append(row.base + row.length - 1)
-
-    def _score(self, seq: Sequence, start: int, end: int, base: int) -> None:
-        lo, hi = max(start, seq.score_from - 1), min(end, seq.num_tokens - 1)
-        self.score_idx += range(base + lo - start, base + hi - start)
-        self.targets += seq.token_slice(lo + 1, hi + 1)
-        self.counts.append((seq, max(hi - lo, 0)))
 
 
 class _HostDraft:

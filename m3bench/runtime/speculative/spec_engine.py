@@ -19,7 +19,8 @@ import torch
 
 from m3bench.runtime.engine import Engine, RequestDelta, make_delta, mark_scheduled, sampled_tops
 from m3bench.runtime.sequence import FinishReason, Sequence
-from m3bench.runtime.speculative.runner import Extend, Row, SpecRunner, TargetStep, eligible
+from m3bench.runtime.speculative.runner import Extend, SpecRunner, eligible
+from m3bench.runtime.step_rows import Row, StepInputs
 
 
 class SpecEngine(Engine):
@@ -46,7 +47,7 @@ class SpecEngine(Engine):
         self.spec.propose(extends)
         return dropped + deltas
 
-    def _postprocess_spec(self, step: TargetStep, res, sampled, extends: list[Extend]) -> list[RequestDelta]:
+    def _postprocess_spec(self, step: StepInputs, res, sampled, extends: list[Extend]) -> list[RequestDelta]:
         accepted, emitted = self._fetch(res)
         tokens, lps, tops = self._fetch_sampled(sampled)
         now = time.time()
@@ -124,7 +125,7 @@ class SpecEngine(Engine):
         extends.append(Extend(seq, row.start, seq.num_computed, list(range(row.base, row.base + row.length)), False))
 
 
-def _verify_logprobs(logits: torch.Tensor, step: TargetStep, res) -> tuple[list | None, list | None]:
+def _verify_logprobs(logits: torch.Tensor, step: StepInputs, res) -> tuple[list | None, list | None]:
     """Per verify row and position: the emitted token's logprob (and the top n), when any row asks."""
     wanted = [r.seq.params.logprobs for r in step.verify if r.seq.params.logprobs is not None]
     if not wanted:
