@@ -27,7 +27,7 @@ from m3bench.runtime.kv_cache import KVCache
 from m3bench.runtime.sampler import Sampler, SamplerOutput, make_generator
 from m3bench.runtime.scheduler import ScheduledBatch, Scheduler
 from m3bench.runtime.sequence import Detokenizer, FinishReason, Sequence
-from m3bench.runtime.step_rows import StepInputs, StepRows
+from m3bench.runtime.step_rows import Row, StepInputs, StepRows
 from m3bench.runtime.step_timing import NO_CLOCK
 
 
@@ -174,12 +174,27 @@ class DecodeGraphs:
         return self.out[:B]
 
 
+@dataclass(frozen=True)
+class StepOutcome:
+    """A launched step's results on the device: the sampled rows' tokens, the verify rows' verification."""
+
+    inputs: StepInputs
+    sampled: SamplerOutput | None  # the plain rows' (inputs.sample_seqs), or None
+    verified: Any  # VerifyResult of inputs.verify (speculative/verify.py), or None
+    verify_logprobs: tuple  # (chosen, tops) per verify row and position; (None, None) when no row asks
+
+
 class Engine:
+    """The step loop. `spec` (a SpecRunner, or None) is the propose/verify strategy: it builds the step's
+    rows with the drafts to verify, verifies them, and drafts again over the positions that landed."""
+
     def __init__(self, runner: ModelRunner, scheduler: Scheduler, sampler: Sampler, tokenizer: Any,
-                 eos_token_ids: tuple[int, ...], max_model_len: int) -> None:
+                 eos_token_ids: tuple[int, ...], max_model_len: int, spec: Any = None) -> None:
         self.runner, self.scheduler, self.sampler = runner, scheduler, sampler
         self.tokenizer, self.eos = tokenizer, frozenset(eos_token_ids)
         self.max_model_len = max_model_len
+        self.spec = spec
+        self.stepper = runner if spec is None else spec  # prepare / run of the step
 
     def add(self, seq: Sequence) -> None:
         if seq.params.seed is not None:
@@ -206,20 +221,27 @@ class Engine:
         dropped = [make_delta(s, (), "", ()) for s in self.scheduler.drain_dropped()]
         if batch is None:
             return dropped
-        inputs, sampled = self._run_batch(batch)
-        return dropped + self._postprocess(batch, inputs.sample_seqs, sampled)
+        out = self._run_batch(batch)
+        deltas = self._postprocess(batch, out)
+        if self.spec is not None:  # the draft extends over the landed positions and proposes again
+            self.spec.propose(self.spec.extends(out.inputs))
+        return dropped + deltas
 
-    def _run_batch(self, batch: ScheduledBatch) -> tuple[Any, SamplerOutput | None]:
-        """Forward the scheduled batch, sample its generating rows (kept on the device), score the rest."""
+    def _run_batch(self, batch: ScheduledBatch) -> StepOutcome:
+        """Forward the scheduled batch; verify its verify rows, sample its plain generating rows (the tokens
+        stay on the device), score the rest."""
         mark_scheduled(batch)
-        inputs = self.runner.prepare(batch)
-        logits = self.runner.run(inputs, batch)
+        inputs = self.stepper.prepare(batch)
+        logits = self.stepper.run(inputs, batch)
+        nv = len(inputs.verify) * (self.spec.K + 1) if inputs.verify else 0
+        verified = self.spec.verify(logits[:nv], inputs) if nv else None
         ns = len(inputs.sample_seqs)
-        sampled = self._sample(logits[:ns], inputs.sample_seqs) if ns else None
-        if sampled is not None:
+        sampled = self._sample(logits[nv:nv + ns], inputs.sample_seqs) if ns else None
+        if sampled is not None and self.spec is None:  # (under speculation they reach the draft from the host)
             self.runner.record(inputs, sampled.token_ids)
-        self._score(logits[ns:], inputs)
-        return inputs, sampled
+        self._score(logits[nv + ns:], inputs)
+        lps = self.spec.verify_logprobs(logits[:nv], inputs, verified) if nv else (None, None)
+        return StepOutcome(inputs, sampled, verified, lps)
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
         banned = [self._banned(s) for s in seqs]
@@ -246,23 +268,48 @@ class Engine:
                 seq.score_top += [row[:seq.params.prompt_logprobs] for row in tops[at:at + n]]
             at += n
 
-    def _postprocess(self, batch: ScheduledBatch, sample_seqs: list[Sequence],
-                     sampled: SamplerOutput | None) -> list[RequestDelta]:
-        bm = self.scheduler.bm
-        for seq, n in zip(batch.seqs, batch.num_tokens):
-            seq.num_computed += n
-            bm.commit(seq)
-            if seq.is_score and seq.num_computed == seq.num_tokens:
-                self.scheduler.finish(seq, FinishReason.STOP)
-        if sampled is None:
-            return [make_delta(s, (), "", ()) for s in batch.seqs if s.finished]
+    def _postprocess(self, batch: ScheduledBatch, out: StepOutcome) -> list[RequestDelta]:
+        """Land the step in batch order (the step's device -> host syncs); scoring requests done last."""
+        accepted, emitted = fetch_verified(out.verified)
+        tokens, lps, tops = fetch_sampled(out.sampled)
         now = time.time()
-        tokens = sampled.token_ids.tolist()  # the one device -> host sync of the step
-        lps = sampled.logprobs.tolist() if sampled.logprobs is not None else None
-        tops = sampled_tops(sampled)
-        deltas = [self.land(seq, [tokens[i]], now, [lps and lps[i]], [tops and tops[i]])
-                  for i, seq in enumerate(sample_seqs)]
+        verify, sampled = out.inputs.verify, out.inputs.sample_seqs
+        deltas, vi, pi = [], 0, 0
+        for seq, n in zip(batch.seqs, batch.num_tokens):
+            if vi < len(verify) and verify[vi].seq is seq:
+                lp, top = row_logprobs(out.verify_logprobs, vi, seq, accepted[vi] + 1)
+                deltas.append(self._land_verified(verify[vi], accepted[vi], emitted[vi], now, lp, top))
+                vi += 1
+            elif pi < len(sampled) and sampled[pi] is seq:
+                deltas.append(self._land_sampled(seq, n, now, tokens[pi], lps and lps[pi], tops and tops[pi]))
+                pi += 1
+            else:
+                self._computed(seq, n)
         return deltas + [make_delta(s, (), "", ()) for s in batch.seqs if s.is_score and s.finished]
+
+    def _land_verified(self, row: Row, a: int, out: list[int], now: float, lps: list, tops: list) -> RequestDelta:
+        """The a accepted drafts and the bonus / correction token; the KV keeps L + a + 1 positions."""
+        seq = row.seq
+        self.spec.record(seq).add(proposed=len(row.drafts), accepted=a)
+        seq.num_computed = row.start + a + 1  # rollback by length: positions past it are stale
+        delta = self.land(seq, out[:a + 1], now, lps, tops)
+        if not seq.finished:
+            self.scheduler.bm.commit(seq)
+        return delta
+
+    def _land_sampled(self, seq: Sequence, n: int, now: float, token: int, lp, top) -> RequestDelta:
+        if self.spec is not None and n == 1 and seq.output_ids:
+            self.spec.record(seq).add(proposed=0, accepted=0)  # a decode step without drafts
+        seq.num_computed += n
+        self.scheduler.bm.commit(seq)
+        return self.land(seq, [token], now, [lp], [top])
+
+    def _computed(self, seq: Sequence, n: int) -> None:
+        """A chunk that samples nothing: mid-prompt, or a scoring chunk (the last one finishes it)."""
+        seq.num_computed += n
+        self.scheduler.bm.commit(seq)
+        if seq.is_score and seq.num_computed == seq.num_tokens:
+            self.scheduler.finish(seq, FinishReason.STOP)
 
     def land(self, seq: Sequence, tokens: list[int], now: float, lps: list, tops: list) -> RequestDelta:
         """The one way tokens land, in every mode (a sampled token, a verify row's accepted drafts and
@@ -321,6 +368,30 @@ def _new_text(seq: Sequence) -> str:
     out = seq.text[seq.num_emitted_chars:end]
     seq.num_emitted_chars = end
     return out
+
+
+def fetch_sampled(sampled: SamplerOutput | None) -> tuple[list[int], list | None, list | None]:
+    """(tokens, logprobs or None, tops or None) on the host: the plain rows' device -> host sync."""
+    if sampled is None:
+        return [], None, None
+    lps = sampled.logprobs.tolist() if sampled.logprobs is not None else None
+    return sampled.token_ids.tolist(), lps, sampled_tops(sampled)
+
+
+def fetch_verified(res: Any) -> tuple[list[int], list[list[int]]]:
+    """(accepted count, emitted tokens) per verify row on the host: the verify rows' one sync."""
+    if res is None:
+        return [], []
+    both = torch.cat((res.num_accepted[:, None], res.output_tokens), dim=1).tolist()
+    return [r[0] for r in both], [r[1:] for r in both]
+
+
+def row_logprobs(lps: tuple, i: int, seq: Sequence, width: int) -> tuple[list, list]:
+    """The first `width` (logprob, tops) of verify row i, or Nones when it asked for none."""
+    chosen, tops = lps
+    if chosen is None or seq.params.logprobs is None:
+        return [None] * width, [None] * width
+    return chosen[i][:width], tops[i][:width] if tops is not None else [None] * width
 
 
 def merge_deltas(parts: list[RequestDelta]) -> RequestDelta:

@@ -57,7 +57,7 @@ class EngineParts:
     tokenizer: Any  # the transformers tokenizer (the caller's, or tok's), or None
     spec: Any  # SpecConfig, or None
     draft: Any  # Eagle3Draft, or None
-    engine: Any  # the step loop: Engine, OverlapEngine or SpecEngine
+    engine: Any  # the step loop: Engine (with its SpecRunner under speculation) or OverlapEngine
     max_model_len: int
     tp: Any  # the tensor-parallel Driver of rank 0, or None at TP 1
     clock: StepClock  # times each engine step and the forwards in it (runtime/step_timing.py)

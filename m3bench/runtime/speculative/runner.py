@@ -1,11 +1,15 @@
-"""The one-model Eagle3 loop's device work: the target step with verify chunks, verification, drafting.
+"""One-model Eagle3 as the propose/verify strategy of the engine's step loop (Engine(..., spec=runner)):
+the target step with verify rows, verification, drafting.
 
     spec = SpecRunner(model, kv, bm, draft, layout, SpecConfig(...), capture_layers, max_tokens, generator)
     step = spec.prepare(batch)                 # verify rows run [last token, d_1..d_K]; others as scheduled
-    logits = spec.run_target(step)             # captures the residuals at the capture layers (no sync)
+    logits = spec.run(step, batch)             # captures the residuals at the capture layers (no sync)
     res = spec.verify(logits[:nv * (K + 1)], step)
-    ... the engine appends res's tokens and rolls lengths back ...
-    spec.propose(extends)                      # draft: extend over the newly verified tokens, chain K - 1 more
+    ... the engine lands res's tokens (Engine.land) and rolls lengths back ...
+    spec.propose(spec.extends(step))           # draft: extend over the newly verified tokens, chain K - 1 more
+
+With `drafts_on_device` (overlap) the chain's drafts are not read back: the next `prepare` takes them on
+the device, so the host schedules and builds the next step while the draft runs.
 
 Position contract (tests/runtime/speculative/test_spec_loop.py): the target's KV holds positions [0, L)
 and token L is known but not cached. A verify row runs tokens [t_L, d_1..d_K] at positions
@@ -42,7 +46,7 @@ from m3bench.runtime.speculative.synthetic import SyntheticAcceptance, force_acc
 from m3bench.runtime.step_timing import NO_CLOCK
 from m3bench.runtime.step_rows import Row, StepInputs, StepRows
 from m3bench.runtime.speculative.verify import (
-    VerifyResult, draw_uniforms, target_distribution, verify_greedy, verify_sampled,
+    VerifyResult, draw_uniforms, emitted_logprobs, target_distribution, verify_greedy, verify_sampled,
 )
 from m3bench.runtime.transfer import upload_list
 
@@ -110,6 +114,9 @@ class SpecRunner:
     def _device_drafts(self, verify: list[Row]) -> torch.Tensor:
         return torch.stack([self.states[r.seq.request_id].tokens for r in verify])
 
+    def run(self, step: StepInputs, batch: ScheduledBatch) -> torch.Tensor:
+        return self.run_target(step)
+
     @torch.inference_mode()
     def run_target(self, step: StepInputs) -> torch.Tensor:
         """Logits [N, V] float32 of step.logits_idx; the capture-layer residuals land in the buffer."""
@@ -153,7 +160,24 @@ class SpecRunner:
         greedy = torch.tensor([s.params.greedy for s in seqs], device=self.device)[:, None]
         return torch.where(greedy, picks, drawn)
 
+    def verify_logprobs(self, logits: torch.Tensor, step: StepInputs, res: VerifyResult) -> tuple:
+        return emitted_logprobs(logits, [r.seq.params for r in step.verify], res)
+
     # ---- drafting ------------------------------------------------------------------------------
+    def extends(self, step: StepInputs) -> list[Extend]:
+        """The draft's work once the step landed: every unfinished generating request extends over its
+        newly verified positions; those that sampled (verify and plain rows) propose K drafts too."""
+        sampled = {id(r) for r in step.plain}
+        out = []
+        for row in step.rows:
+            seq = row.seq
+            if seq.is_score or seq.finished:
+                continue
+            propose = (bool(row.drafts) or id(row) in sampled) and eligible(seq)
+            feature_rows = list(range(row.base, row.base + seq.num_computed - row.start))
+            out.append(Extend(seq, row.start, seq.num_computed, feature_rows, propose))
+        return out
+
     @torch.inference_mode()
     def propose(self, extends: list[Extend]) -> None:
         """Extend the draft's KV over the newly verified positions; chain K drafts for proposing rows."""
