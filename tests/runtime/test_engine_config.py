@@ -93,5 +93,4 @@ def test_resolve_on_a_cuda_machine():
     with pytest.raises(InputError, match="needs 3 CUDA devices"):
         resolve(EngineConfig("ckpt", device="cuda:1", tensor_parallel_size=2), TWO_GPUS)
     assert resolve(EngineConfig("ckpt", draft="d", async_scheduling=False), TWO_GPUS).async_scheduling is False
-    with pytest.raises(InputError, match="async_scheduling is not supported with tensor_parallel_size"):
-        resolve(EngineConfig("ckpt", tensor_parallel_size=2, async_scheduling=True), TWO_GPUS)
+    assert resolve(EngineConfig("ckpt", tensor_parallel_size=2, async_scheduling=True), TWO_GPUS).async_scheduling
