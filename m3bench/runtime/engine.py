@@ -315,6 +315,8 @@ class Engine:
         """The one way tokens land, in every mode (a sampled token, a verify row's accepted drafts and
         bonus, an overlapped step's token one step late): append them in order with the stop rules
         (the first stop ends the run); their merged delta. lps / tops: per token, None without logprobs."""
+        if len(tokens) == 1:  # (the common case, per request and step: no merge)
+            return self._append(seq, tokens[0], now, lps[0], tops[0])
         parts = []
         for t, lp, top in zip(tokens, lps, tops, strict=True):
             parts.append(self._append(seq, t, now, lp, top))
