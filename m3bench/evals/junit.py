@@ -13,12 +13,23 @@ def _case(summary: dict[str, Any], model_id: str) -> JUnitCase:
     threshold = summary.get("threshold")
     line = f"{summary['task']} ({summary['protocol']}): {summary['score']:.2f} on n={summary['n']}"
     cls, name = f"m3bench.accuracy.{model_id}", summary["task"]
+    if summary.get("paired"):
+        return _paired_case(summary, cls, name, line)
     if summary["verdict"] == "fail":
         return JUnitCase(cls, name, f"reference {summary['reference']}\ntheta {summary['theta']:.2f}",
                          failure=f"{line} < threshold {threshold:.2f}", failure_type="AccuracyRegression")
     if summary["verdict"] == "no_reference":
         return JUnitCase(cls, name, skipped=f"{line}; not gated (--no-reference)")
     return JUnitCase(cls, name, f"{line} >= threshold {threshold:.2f}")
+
+
+def _paired_case(summary: dict[str, Any], cls: str, name: str, line: str) -> JUnitCase:
+    p = summary["paired"]
+    detail = (f"{line}; vs baseline {summary['baseline']['run_key']}: difference {p['difference']:+.2f} "
+              f"± {p['stderr']:.2f}, McNemar p={p['p_value']:.4g}")
+    if summary["verdict"] == "fail":
+        return JUnitCase(cls, name, detail, failure=f"{detail} < alpha {p['alpha']}", failure_type="AccuracyRegression")
+    return JUnitCase(cls, name, detail)
 
 
 def write_junit(path: Path, summaries: Sequence[dict[str, Any]], model_id: str) -> Path:

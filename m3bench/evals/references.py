@@ -1,16 +1,20 @@
 """Reference accuracies and acceptance lengths (references/{mmlu,gsm8k,acceptance_length}.yaml).
 
-    ref = find_accuracy_reference("gsm8k", "nvidia/MiniMax-M3-NVFP4", RunSpec(quant_algo="NVFP4"))
+    proto = ProtocolSpec("gsm8k", "lm-eval-gsm8k-3.0/m3bench-1", num_fewshot=5, chat=False, max_tokens=256)
+    ref = find_accuracy_reference("gsm8k", "MiniMaxAI/MiniMax-M3", RunSpec(), proto)
     gate = ref.gate(n=1319)          # threshold ref - 3.20, theta 4.84
 
-A file maps a model id to a list of entries; an entry matches when each spec key equals the run's value
-(absent = None); the first match wins; no match is an InputError listing what the file has.
+A file maps a model id to a list of entries; an entry states the protocol it was measured with
+(accuracy: protocol, protocol_version, num_fewshot, chat, max_tokens where the cap matters; acceptance:
+protocol, draft_len) and its spec keys. It matches when its protocol and each spec key equal the run's
+(absent = None); the first match wins; no match is an InputError listing what the file has, protocols
+included: a run is never gated against another protocol's figure. `source` says where a figure comes from.
 """
 
 from __future__ import annotations
 
 import importlib.resources
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +22,11 @@ from m3bench.evals.gate import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_SIGMA, Gate,
 from m3bench.runtime.errors import InputError
 
 SPEC_KEYS = ("quant_algo", "kv_cache_quant_algo", "spec_dec_algo", "extra_acc_spec")
-ACCURACY_KEYS = frozenset({"accuracy", "alpha", "beta", "sigma", "num_samples", "threshold", "reference_note"})
-ACCEPTANCE_KEYS = frozenset({"ref_al", "min_al", "acceptance_rate", "num_samples", "reference_note"})
+PROTOCOL_KEYS = ("protocol", "protocol_version", "num_fewshot", "chat", "max_tokens")
+REQUIRED_PROTOCOL_KEYS = ("protocol", "protocol_version", "num_fewshot", "chat")
+ACCEPTANCE_PROTOCOL_KEYS = ("protocol", "draft_len")
+ACCURACY_KEYS = frozenset({"accuracy", "alpha", "beta", "sigma", "num_samples", "threshold", "reference_note", "source"})
+ACCEPTANCE_KEYS = frozenset({"ref_al", "min_al", "acceptance_rate", "num_samples", "reference_note", "source"})
 SIGMA_FROM_REFERENCE = "from_reference"
 
 
@@ -38,9 +45,36 @@ class RunSpec:
 
 
 @dataclass(frozen=True)
+class ProtocolSpec:
+    """How an accuracy figure was measured; a run is gated only against an entry with an equal one."""
+
+    protocol: str  # the task: mmlu, mmlu-gen, gsm8k, gsm8k-chat
+    protocol_version: str
+    num_fewshot: int
+    chat: bool
+    max_tokens: int | None = None  # generation cap where it matters (None: loglikelihood scoring)
+
+    def describe(self) -> str:
+        cap = "" if self.max_tokens is None else f", max_tokens {self.max_tokens}"
+        return f"{self.protocol} {self.protocol_version}, {self.num_fewshot}-shot, {'chat' if self.chat else 'no chat'}{cap}"
+
+
+@dataclass(frozen=True)
+class AcceptanceProtocol:
+    """How an acceptance length was measured: the prompt set and the draft tokens per step."""
+
+    protocol: str  # gsm8k-chat
+    draft_len: int
+
+    def describe(self) -> str:
+        return f"{self.protocol}, draft_len {self.draft_len}"
+
+
+@dataclass(frozen=True)
 class AccuracyReference:
     model: str
     spec: RunSpec
+    protocol: ProtocolSpec
     accuracy: float
     alpha: float = DEFAULT_ALPHA
     beta: float = DEFAULT_BETA
@@ -48,25 +82,32 @@ class AccuracyReference:
     num_samples: int | None = None
     threshold: float | None = None  # explicit floor, replaces the computed threshold
     reference_note: str | None = None
+    source: str | None = None  # where the figure comes from (seed test, golden smoke run)
 
     def gate(self, n: int) -> Gate:
         sigma = sigma_from_reference(self.accuracy) if self.sigma == SIGMA_FROM_REFERENCE else float(self.sigma)
         return make_gate(self.accuracy, n, sigma, self.alpha, self.beta, self.threshold)
 
     def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "spec"}
-        return {**out, **{k: getattr(self.spec, k) for k in SPEC_KEYS}}
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("spec", "protocol")}
+        return {**out, **{k: getattr(self.spec, k) for k in SPEC_KEYS}, **asdict(self.protocol)}
 
 
 @dataclass(frozen=True)
 class AcceptanceReference:
     model: str
     spec: RunSpec
+    protocol: AcceptanceProtocol
     ref_al: float
     min_al: float
     acceptance_rate: float | None = None
     num_samples: int | None = None
     reference_note: str | None = None
+    source: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("spec", "protocol")}
+        return {**out, **{k: getattr(self.spec, k) for k in SPEC_KEYS}, **asdict(self.protocol)}
 
 
 def _shipped(name: str):
@@ -92,14 +133,40 @@ def _read_yaml(task: str, path: Path | None) -> tuple[str, Any]:
         raise InputError(f"{where}: malformed YAML ({str(e).splitlines()[0]})") from e
 
 
-def _entry_fields(where: str, model: str, raw: Any, allowed: frozenset[str]) -> tuple[RunSpec, dict[str, Any]]:
+def _entry_fields(where: str, model: str, raw: Any, allowed: frozenset[str],
+                  protocol_keys: tuple[str, ...]) -> tuple[RunSpec, dict[str, Any], dict[str, Any]]:
+    """(spec keys, value keys, protocol keys) of one entry; unknown keys are an InputError."""
     if not isinstance(raw, dict):
         raise InputError(f"{where}: entry of {model!r} is not a mapping")
-    unknown = set(raw) - allowed - set(SPEC_KEYS)
+    unknown = set(raw) - allowed - set(SPEC_KEYS) - set(protocol_keys)
     if unknown:
         raise InputError(f"{where}: entry of {model!r} has unknown keys {sorted(unknown)}")
     spec = RunSpec(**{k: (None if raw.get(k) is None else str(raw[k])) for k in SPEC_KEYS})
-    return spec, {k: v for k, v in raw.items() if k in allowed}
+    values = {k: v for k, v in raw.items() if k in allowed}
+    return spec, values, {k: raw.get(k) for k in protocol_keys}
+
+
+def _protocol_of(where: str, model: str, spec: RunSpec, raw: dict[str, Any]) -> ProtocolSpec:
+    """The entry's measurement protocol; every key but max_tokens must be stated, with its type."""
+    missing = [k for k in REQUIRED_PROTOCOL_KEYS if raw.get(k) is None]
+    if missing:
+        raise InputError(f"{where}: entry of {model!r} ({spec.describe()}) states no {', '.join(missing)} "
+                         f"(the protocol it was measured with: {', '.join(PROTOCOL_KEYS)})")
+    fewshot, chat, cap = raw["num_fewshot"], raw["chat"], raw.get("max_tokens")
+    if not _is_int(fewshot) or not isinstance(chat, bool) or not (cap is None or _is_int(cap)):
+        raise InputError(f"{where}: entry of {model!r}: num_fewshot and max_tokens must be integers, chat true or false")
+    return ProtocolSpec(str(raw["protocol"]), str(raw["protocol_version"]), fewshot, chat, cap)
+
+
+def _acceptance_protocol_of(where: str, model: str, spec: RunSpec, raw: dict[str, Any]) -> AcceptanceProtocol:
+    if raw.get("protocol") is None or not _is_int(raw.get("draft_len")):
+        raise InputError(f"{where}: entry of {model!r} ({spec.describe()}) needs protocol and an integer draft_len "
+                         "(how its acceptance length was measured)")
+    return AcceptanceProtocol(str(raw["protocol"]), raw["draft_len"])
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _parse_entries(where: str, doc: Any, build) -> list:
@@ -115,23 +182,23 @@ def _parse_entries(where: str, doc: Any, build) -> list:
 
 def _accuracy_entry(where: str):
     def build(model: str, raw: Any) -> AccuracyReference:
-        spec, values = _entry_fields(where, model, raw, ACCURACY_KEYS)
+        spec, values, proto = _entry_fields(where, model, raw, ACCURACY_KEYS, PROTOCOL_KEYS)
         if not isinstance(values.get("accuracy"), (int, float)):
             raise InputError(f"{where}: entry of {model!r} ({spec.describe()}) needs a numeric accuracy")
         sigma = values.get("sigma", DEFAULT_SIGMA)
         if not (sigma == SIGMA_FROM_REFERENCE or isinstance(sigma, (int, float))):
             raise InputError(f"{where}: sigma must be a number or {SIGMA_FROM_REFERENCE!r}, got {sigma!r}")
-        return AccuracyReference(model, spec, **values)
+        return AccuracyReference(model, spec, _protocol_of(where, model, spec, proto), **values)
 
     return build
 
 
 def _acceptance_entry(where: str):
     def build(model: str, raw: Any) -> AcceptanceReference:
-        spec, values = _entry_fields(where, model, raw, ACCEPTANCE_KEYS)
+        spec, values, proto = _entry_fields(where, model, raw, ACCEPTANCE_KEYS, ACCEPTANCE_PROTOCOL_KEYS)
         if "ref_al" not in values or "min_al" not in values:
             raise InputError(f"{where}: entry of {model!r} ({spec.describe()}) needs ref_al and min_al")
-        return AcceptanceReference(model, spec, **values)
+        return AcceptanceReference(model, spec, _acceptance_protocol_of(where, model, spec, proto), **values)
 
     return build
 
@@ -147,20 +214,25 @@ def load_acceptance_references(path: Path | None = None) -> tuple[str, list[Acce
     return where, _parse_entries(where, doc, _acceptance_entry(where))
 
 
-def match_reference(where: str, entries: list, model: str, spec: RunSpec):
-    """First entry of `model` whose spec keys all equal the run's; InputError listing the entries if none."""
+def match_reference(where: str, entries: list, model: str, spec: RunSpec, protocol):
+    """First entry of `model` whose protocol and spec keys all equal the run's; InputError listing the entries."""
     for entry in entries:
-        if entry.model == model and entry.spec == spec:
+        if entry.model == model and entry.spec == spec and entry.protocol == protocol:
             return entry
-    available = "; ".join(f"{e.model} [{e.spec.describe()}]" for e in entries) or "none"
-    raise InputError(f"{where}: no reference for {model} [{spec.describe()}]; available: {available}")
+    listed = "; ".join(f"[{e.spec.describe()}] ({e.protocol.describe()})" for e in entries if e.model == model)
+    others = sorted({e.model for e in entries if e.model != model})
+    rest = f"; other models: {', '.join(others)}" if others else ""
+    raise InputError(f"{where}: no reference for {model} [{spec.describe()}] measured with {protocol.describe()}; "
+                     f"{model} has: {listed or 'none'}{rest}. --no-reference runs it ungated")
 
 
-def find_accuracy_reference(task: str, model: str, spec: RunSpec, path: Path | None = None) -> AccuracyReference:
+def find_accuracy_reference(task: str, model: str, spec: RunSpec, protocol: ProtocolSpec,
+                            path: Path | None = None) -> AccuracyReference:
     where, entries = load_accuracy_references(task, path)
-    return match_reference(where, entries, model, spec)
+    return match_reference(where, entries, model, spec, protocol)
 
 
-def find_acceptance_reference(model: str, spec: RunSpec, path: Path | None = None) -> AcceptanceReference:
+def find_acceptance_reference(model: str, spec: RunSpec, protocol: AcceptanceProtocol,
+                              path: Path | None = None) -> AcceptanceReference:
     where, entries = load_acceptance_references(path)
-    return match_reference(where, entries, model, spec)
+    return match_reference(where, entries, model, spec, protocol)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import threading
 from dataclasses import dataclass
@@ -125,15 +124,6 @@ def parse_record(line: bytes) -> dict[str, Any] | None:
         return None
     ok = isinstance(record, dict) and isinstance(record.get("id"), str) and isinstance(record.get("run_key"), str)
     return record if ok else None
-
-
-def git_commit(start: Path) -> str | None:
-    """The checkout's HEAD (read only), or None outside a git work tree."""
-    try:
-        done = subprocess.run(["git", "-C", str(start), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout.strip() if done.returncode == 0 else None
 
 
 def file_sha256(path: Path) -> str | None:

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import contextlib
+import random
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -16,14 +17,17 @@ from m3bench import __version__
 from m3bench.evals.backends.base import Backend, GenResult, ScoreResult
 from m3bench.evals.datasets import DataUnavailable, Split, load_split
 from m3bench.evals.gate import Verdict
+from m3bench.evals.paired import Baseline, find_baseline, pair_records, paired_test
 from m3bench.evals.progress import item_progress
+from m3bench.evals.sequential import Sprt, boundaries
 from m3bench.evals.protocols import Task, get_protocol
 from m3bench.evals.protocols.base import Item, Protocol, RequestKind, Settings
 from m3bench.evals.protocols.gsm8k import LM_EVAL_FEWSHOT_SEED
 from m3bench.evals.references import AccuracyReference, RunSpec, find_accuracy_reference
 from m3bench.evals.results import (
-    ItemLog, RunPaths, git_commit, item_record, ordered_records, run_key, score_records, write_summary,
+    ItemLog, RunPaths, item_record, ordered_records, prompt_sha256, run_key, score_records, write_summary,
 )
+from m3bench.provenance import git_commit, provenance, weights_fingerprint
 from m3bench.runtime.errors import InputError
 
 IDENTITY_BACKEND_KEYS = ("model", "dtype", "kv_cache_dtype", "draft", "draft_len", "base_url", "chat_template_kwargs")
@@ -41,6 +45,8 @@ class RunPlan:
     data_dir: Path | None = None
     reference_file: Path | None = None
     use_reference: bool = True
+    baseline: Path | None = None  # an earlier run's summary (or results dir): the paired test gates this run
+    sequential_batch: int | None = None  # --sequential: SPRT after every this many items (None: fixed sample)
 
 
 def run_task(plan: RunPlan, backend: Backend, progress: bool = True) -> tuple[dict[str, Any], RunPaths]:
@@ -48,20 +54,28 @@ def run_task(plan: RunPlan, backend: Backend, progress: bool = True) -> tuple[di
     reference = resolve_reference(plan, protocol)  # before any compute: a missing reference is exit 2
     splits = load_splits(protocol, plan.settings, plan.data_dir)
     items = protocol.build_items(splits, plan.settings)
-    key = run_key(identity(plan, protocol, backend, splits))
+    baseline = resolve_baseline(plan, protocol, items)  # before any compute: different items are exit 2
+    weights = model_weights(plan)
+    key = run_key(identity(plan, protocol, backend, splits, weights))
     paths = RunPaths.of(plan.out_dir, plan.task.value, key)
     log = ItemLog(paths.items, key)
     done = log.load()
     todo = [item for item in items if item.id not in done]
+    stopped: dict[str, Any] = {}
     with _progress(progress, plan.task.value, len(items), len(items) - len(todo)) as advance:
 
         def on_record(record: dict[str, Any]) -> None:
             done[record["id"]] = log.append(record)
             advance()
 
-        execute(protocol, backend, key, todo, on_record)
-    scores = score_records(protocol, ordered_records(items, done))
-    summary = build_summary(plan, protocol, backend, splits, scores, reference, key, paths)
+        if plan.sequential_batch is None:
+            execute(protocol, backend, key, todo, on_record)
+        else:
+            items, stopped = run_sequential(plan, protocol, backend, key, items, done, on_record, reference)
+    records = ordered_records(items, done)
+    summary = build_summary(plan, protocol, backend, splits, score_records(protocol, records), reference, key, paths)
+    summary["metadata"]["provenance"] = run_provenance(plan, backend, splits, weights)
+    summary = {**summary, **(paired_verdict(protocol, records, baseline) if baseline else stopped)}
     write_summary(paths.summary, summary)
     return summary, paths
 
@@ -89,6 +103,29 @@ def execute(protocol: Protocol, backend: Backend, key: str, items: Sequence[Item
         raise RuntimeError(f"backend {backend.name} returned no result for {len(pending)} of {len(items)} items")
 
 
+def run_sequential(plan: RunPlan, protocol: Protocol, backend: Backend, key: str, items: list[Item],
+                   done: dict[str, dict[str, Any]], on_record: Callable, reference: AccuracyReference | None
+                   ) -> tuple[list[Item], dict[str, Any]]:
+    """Items in a seeded shuffle, one batch at a time, until the SPRT decides (or the items run out):
+    (the items run, the summary keys of the sequential verdict)."""
+    if reference is None:
+        raise InputError("--sequential needs a reference gate (not with --no-reference or --baseline)")
+    gate = reference.gate(len(items))
+    sprt = Sprt.for_gate(gate)
+    order = random.Random(f"sequential/{plan.settings.seed}").sample(items, len(items))
+    for n in boundaries(len(order), plan.sequential_batch):
+        execute(protocol, backend, key, [i for i in order[:n] if i.id not in done], on_record)
+        successes = sum(done[i.id]["value"] for i in order[:n])
+        verdict = sprt.decide(successes, n)
+        if verdict is not None or n == len(order):
+            break
+    decided = verdict is not None
+    verdict = verdict or gate.verdict(100.0 * successes / n)  # no bound crossed: the fixed-sample gate
+    info = {"stopped_at": n, "n_max": len(order), "batch": plan.sequential_batch, "llr": sprt.llr(successes, n),
+            "decided_by": "sprt" if decided else "fixed_gate", **sprt.to_dict()}
+    return order[:n], {"sequential": info, "verdict": verdict.value, "threshold": gate.threshold, "theta": gate.theta}
+
+
 def raw_output(outputs: Sequence[GenResult] | Sequence[ScoreResult]) -> Any:
     if isinstance(outputs[0], ScoreResult):
         return [{"logprob": o.logprob, "is_greedy": o.is_greedy} for o in outputs]
@@ -99,7 +136,24 @@ def raw_output(outputs: Sequence[GenResult] | Sequence[ScoreResult]) -> Any:
 def resolve_reference(plan: RunPlan, protocol: Protocol) -> AccuracyReference | None:
     if not plan.use_reference:
         return None
-    return find_accuracy_reference(protocol.dataset.value, plan.model_id, plan.spec, plan.reference_file)
+    return find_accuracy_reference(protocol.dataset.value, plan.model_id, plan.spec,
+                                   protocol.measured_with(plan.settings), plan.reference_file)
+
+
+def resolve_baseline(plan: RunPlan, protocol: Protocol, items: Sequence[Item]) -> Baseline | None:
+    """The baseline run of this task, checked to hold every item of this run, asked the same way."""
+    if plan.baseline is None:
+        return None
+    settings = {**asdict(plan.settings), **protocol.describe(plan.settings)}
+    baseline = find_baseline(plan.baseline, plan.task.value, protocol.version, settings)
+    pair_records([{"id": i.id, "prompt_sha256": prompt_sha256(i)} for i in items], baseline.records)
+    return baseline
+
+
+def paired_verdict(protocol: Protocol, records: list[dict[str, Any]], baseline: Baseline) -> dict[str, Any]:
+    """Summary keys of the paired test against the baseline (McNemar's exact test), which is the gate."""
+    paired = paired_test(records, baseline.records, protocol.metrics[0])
+    return {"baseline": baseline.describe(), "paired": paired.to_dict(), "verdict": paired.verdict.value}
 
 
 def load_splits(protocol: Protocol, settings: Settings, data_dir: Path | None) -> dict[str, Split]:
@@ -117,10 +171,18 @@ def load_splits(protocol: Protocol, settings: Settings, data_dir: Path | None) -
     return splits
 
 
-def identity(plan: RunPlan, protocol: Protocol, backend: Backend, splits: dict[str, Split]) -> dict[str, Any]:
+def model_weights(plan: RunPlan) -> dict[str, Any] | None:
+    """Fingerprint of the checkpoint directory the run loads (None for a served model name)."""
+    path = Path(plan.model_path)
+    return weights_fingerprint(path) if path.is_dir() else None
+
+
+def identity(plan: RunPlan, protocol: Protocol, backend: Backend, splits: dict[str, Split],
+             weights: dict[str, Any] | None = None) -> dict[str, Any]:
     described = backend.describe()
     return {
         "model": plan.model_id, "model_path": plan.model_path, "config_sha256": plan.model_config_sha256,
+        "weights_sha256": None if weights is None else weights["sha256"],
         "task": plan.task.value, **protocol.describe(plan.settings), "settings": asdict(plan.settings),
         "backend": backend.name, "backend_settings": {k: described.get(k) for k in IDENTITY_BACKEND_KEYS},
         "data": {name: split.source.sha256 for name, split in splits.items()},
@@ -150,6 +212,16 @@ def metadata(plan: RunPlan, protocol: Protocol, backend: Backend, splits: dict[s
         "devices": described.get("devices"),
         "seeds": {"limit_shuffle": plan.settings.seed, "gsm8k_fewshot": LM_EVAL_FEWSHOT_SEED},
     }
+
+
+def run_provenance(plan: RunPlan, backend: Backend, splits: dict[str, Split],
+                   weights: dict[str, Any] | None) -> dict[str, Any]:
+    described = backend.describe()
+    model_dir = Path(plan.model_path) if Path(plan.model_path).is_dir() else None
+    seeds = {"limit_shuffle": plan.settings.seed, "gsm8k_fewshot": LM_EVAL_FEWSHOT_SEED,
+             "sequential_order": plan.settings.seed if plan.sequential_batch is not None else None}
+    return provenance(described.get("device"), {"backend": backend.name, **described}, model_dir,
+                      {name: split.source.sha256 for name, split in splits.items()}, seeds, weights)
 
 
 def _progress(enabled: bool, label: str, total: int, done: int):

@@ -140,8 +140,7 @@ class LLM:
             raise InputError(f"prompt of {len(ids)} tokens leaves no room in max_model_len {self.max_model_len}")
         if params.stop and self.tokenizer is None:
             raise InputError("stop strings need a tokenizer (this model directory has none)")
-        if params.prompt_logprobs is not None and self.spec is not None:
-            raise InputError("prompt_logprobs is not supported with speculative decoding")
+        # max_tokens=0: a scoring request (with a draft loaded, the target alone scores it, no draft runs)
         prefill_only = params.prompt_logprobs is not None and params.max_tokens == 0  # scored like LLM.score
         return Sequence(request_id=next(self._ids), prompt_ids=ids, params=params, score_from=1 if prefill_only else -1)
 

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
+from shared_data import SHARED_DATA as DATA
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 COMMON = ["--limit", "4", "--no-reference", "--num-fewshot", "1", "--max-tokens", "24",
           "--no-progress", "--data-dir", str(DATA)]
 
@@ -92,3 +92,29 @@ def test_openai_backend_against_serve_equals_runtime_backend(ckpt, tmp_path):
     assert served["gsm8k"].keys() == local["gsm8k"].keys() and len(local["gsm8k"]) == 4
     for item_id, want in local["gsm8k"].items():
         assert served["gsm8k"][item_id]["extracted_by_metric"] == want["extracted_by_metric"], item_id
+
+
+def test_mmlu_against_serve_with_draft_scores_with_the_target_alone(ckpt, tmp_path):
+    """Loglikelihood requests (echo + logprobs, max_tokens 0) against `serve --draft`: the target scores them,
+    with the same per-item predictions and logprobs as the runtime backend without a draft."""
+    from m3bench.runtime.speculative.tiny_draft import shipped_tiny_eagle3
+
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    serve = subprocess.Popen([sys.executable, "-m", "m3bench", "serve", "--model", str(ckpt), "--port", str(port),
+                              "--dtype", "float32", "--kv-cache-dtype", "auto", "--draft", str(shipped_tiny_eagle3()),
+                              "--draft-len", "3"], env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_healthy(url, serve)
+        served = _accuracy(str(ckpt), tmp_path / "openai", "--backend", "openai", "--base-url", url, tasks=("mmlu",))
+    finally:
+        serve.terminate()
+        serve.wait(timeout=20)
+    local = _accuracy(str(ckpt), tmp_path / "runtime", "--backend", "runtime", "--device", "cpu", "--dtype", "float32",
+                      "--kv-cache-dtype", "auto", tasks=("mmlu",))
+    assert served["mmlu"].keys() == local["mmlu"].keys() and len(local["mmlu"]) == 4
+    for item_id, want in local["mmlu"].items():
+        got = served["mmlu"][item_id]
+        assert got["extracted"] == want["extracted"], item_id
+        assert [c["logprob"] for c in got["raw_output"]] == pytest.approx(
+            [c["logprob"] for c in want["raw_output"]], abs=1e-3)

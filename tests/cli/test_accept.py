@@ -49,7 +49,8 @@ def _summary(res) -> dict:
 
 def _reference(tmp_path: Path, min_al: float) -> Path:
     path = tmp_path / f"ref-{min_al}.yaml"
-    path.write_text(f"{MODEL_ID}:\n  - spec_dec_algo: Eagle3\n    ref_al: {min_al + 0.1}\n    min_al: {min_al}\n")
+    path.write_text(f"{MODEL_ID}:\n  - spec_dec_algo: Eagle3\n    protocol: gsm8k-chat\n    draft_len: 3\n"
+                    f"    ref_al: {min_al + 0.1}\n    min_al: {min_al}\n")
     return path
 
 
@@ -62,6 +63,9 @@ def test_accept_end_to_end_and_resume(pair, data_dir, tmp_path):
     assert s["acceptance_length"] == pytest.approx(1 + s["accepted"] / s["drafts"])
     assert s["acceptance_rate"] == pytest.approx(s["accepted"] / s["proposed"])
     assert sum(s["histogram"]) == s["drafts"] and len(s["per_position_rate"]) == 3
+    prov = s["metadata"]["provenance"]  # versions, device, engine, data, seeds, both weights fingerprints
+    assert prov["software"]["torch"] and prov["device"]["cuda"] is None and prov["engine"]["draft_len"] == 3
+    assert prov["weights"]["target"]["kind"] == "files" and len(prov["weights"]["draft"]["sha256"]) == 64
     items = Path(s["items_path"]).read_text().splitlines()
     assert len(items) == 3 and all(json.loads(line)["steps"] for line in items)
     assert "acceptance_length" in (tmp_path / "a.xml").read_text()
@@ -83,7 +87,8 @@ def test_gate_exit_codes(pair, data_dir, tmp_path):
 
 def test_bad_input_is_exit_two(pair, data_dir, tmp_path):
     missing = tmp_path / "other.yaml"
-    missing.write_text("someone/else:\n  - spec_dec_algo: Eagle3\n    ref_al: 3.0\n    min_al: 2.8\n")
+    missing.write_text("someone/else:\n  - spec_dec_algo: Eagle3\n    protocol: gsm8k-chat\n    draft_len: 3\n"
+                       "    ref_al: 3.0\n    min_al: 2.8\n")
     res = _accept(pair, data_dir, tmp_path, "--reference", str(missing))
     assert res.exit_code == 2 and "no reference" in res.output
     model, _ = pair

@@ -24,7 +24,8 @@ def tiny(tmp_path_factory) -> Path:
 
 def test_exit_codes_and_junit(tiny, tmp_path):
     ref = tmp_path / "ref.yaml"
-    ref.write_text("m3bench/tiny-m3:\n  - accuracy: 100.0\n    threshold: 100.0\n")
+    ref.write_text("m3bench/tiny-m3:\n  - accuracy: 100.0\n    threshold: 100.0\n    protocol: gsm8k\n"
+                   "    protocol_version: lm-eval-gsm8k-3.0/m3bench-1\n    num_fewshot: 0\n    chat: false\n    max_tokens: 4\n")
     junit = tmp_path / "acc.xml"
     args = ("--task", "gsm8k", "--num-fewshot", "0", "--limit", "2", "--max-tokens", "4", "--reference", str(ref), "--junit", str(junit))
     done = subprocess.run(accuracy_cmd(tiny, tmp_path / "out", *args), env=accuracy_env(tmp_path), capture_output=True, text=True, timeout=300)

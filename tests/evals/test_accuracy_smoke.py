@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from m3bench.cli.accuracy import SMOKE_TASKS, TINY_MODEL_ID
+from m3bench.evals.protocols import Task, get_protocol
+from m3bench.evals.protocols.base import Settings
 from m3bench.evals.references import RunSpec, find_accuracy_reference
 
 pytestmark = pytest.mark.slow  # one full smoke run: ~15 s on an idle 2-core machine
@@ -26,8 +28,9 @@ def test_smoke_run_matches_golden_references(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     summaries = [json.loads(Path(p).read_text()) for p in done.stdout.split()]
     assert [s["task"] for s in summaries] == [t.task for t in SMOKE_TASKS]
-    for s in summaries:
-        golden = find_accuracy_reference(s["task"], TINY_MODEL_ID, RunSpec())
+    for s, t in zip(summaries, SMOKE_TASKS):
+        protocol = get_protocol(Task(t.task)).measured_with(Settings(t.num_fewshot, t.limit, t.max_tokens))
+        golden = find_accuracy_reference(s["task"], TINY_MODEL_ID, RunSpec(), protocol)
         assert s["verdict"] == "pass" and s["n"] == golden.num_samples
         assert s["metadata"]["data"]["test"]["kind"] == "pypi"
         assert abs(s["score"] - golden.accuracy) <= 2 * 100 / s["n"] + 1e-9  # within two flipped items

@@ -5,23 +5,34 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from m3bench.evals.protocols import Task, get_protocol
+from m3bench.evals.protocols.base import Settings
 from m3bench.evals.references import (
-    RunSpec, find_acceptance_reference, find_accuracy_reference, load_accuracy_references,
+    AcceptanceProtocol, ProtocolSpec, RunSpec, find_acceptance_reference, find_accuracy_reference,
+    load_acceptance_references, load_accuracy_references,
 )
 from m3bench.runtime.errors import InputError
 
-YAML = """
+P = "    protocol: gsm8k\n    protocol_version: v1\n    num_fewshot: 5\n    chat: false\n    max_tokens: 256\n"
+GSM = ProtocolSpec("gsm8k", "v1", 5, False, 256)
+YAML = f"""
 org/model:
   - accuracy: 70.0
-  - kv_cache_quant_algo: FP8
+{P}  - kv_cache_quant_algo: FP8
     accuracy: 69.0
     sigma: from_reference
-  - kv_cache_quant_algo: FP8
+{P}  - kv_cache_quant_algo: FP8
     accuracy: 1.0
-  - spec_dec_algo: Eagle3
+{P}  - spec_dec_algo: Eagle3
     extra_acc_spec: attention_dp
     accuracy: 68.0
     threshold: 60.0
+{P}  - accuracy: 40.0
+    protocol: gsm8k
+    protocol_version: v1
+    num_fewshot: 0
+    chat: false
+    max_tokens: 256
 """
 
 
@@ -33,25 +44,40 @@ def ref_file(tmp_path: Path) -> Path:
 
 
 def test_exact_match_and_first_wins(ref_file):
-    assert find_accuracy_reference("gsm8k", "org/model", RunSpec(), ref_file).accuracy == 70.0
-    fp8 = find_accuracy_reference("gsm8k", "org/model", RunSpec(kv_cache_quant_algo="FP8"), ref_file)
+    assert find_accuracy_reference("gsm8k", "org/model", RunSpec(), GSM, ref_file).accuracy == 70.0
+    fp8 = find_accuracy_reference("gsm8k", "org/model", RunSpec(kv_cache_quant_algo="FP8"), GSM, ref_file)
     assert fp8.accuracy == 69.0  # the later FP8 entry never wins
     assert fp8.gate(100).sigma == pytest.approx(100 * (0.69 * 0.31) ** 0.5)
-    dp = find_accuracy_reference("gsm8k", "org/model", RunSpec(spec_dec_algo="Eagle3", extra_acc_spec="attention_dp"), ref_file)
+    dp = find_accuracy_reference("gsm8k", "org/model", RunSpec(spec_dec_algo="Eagle3", extra_acc_spec="attention_dp"),
+                                 GSM, ref_file)
     assert dp.gate(50).threshold == 60.0
+    zero_shot = ProtocolSpec("gsm8k", "v1", 0, False, 256)
+    assert find_accuracy_reference("gsm8k", "org/model", RunSpec(), zero_shot, ref_file).accuracy == 40.0
+
+
+@pytest.mark.parametrize("other", [
+    ProtocolSpec("gsm8k", "v2", 5, False, 256), ProtocolSpec("gsm8k", "v1", 3, False, 256),
+    ProtocolSpec("gsm8k", "v1", 5, True, 256), ProtocolSpec("gsm8k", "v1", 5, False, 512),
+    ProtocolSpec("gsm8k-chat", "v1", 5, False, 256),
+])
+def test_any_protocol_difference_refuses_the_gate(ref_file, other):
+    with pytest.raises(InputError, match="org/model has: .*gsm8k v1, 5-shot, no chat, max_tokens 256.*--no-reference"):
+        find_accuracy_reference("gsm8k", "org/model", RunSpec(), other, ref_file)
 
 
 def test_no_match_lists_entries(ref_file):
-    with pytest.raises(InputError, match="available: org/model"):
-        find_accuracy_reference("gsm8k", "org/model", RunSpec(spec_dec_algo="Eagle3"), ref_file)  # DP key absent
-    with pytest.raises(InputError, match="no reference for other/model"):
-        find_accuracy_reference("gsm8k", "other/model", RunSpec(), ref_file)
+    with pytest.raises(InputError, match=r"org/model has: \[no spec keys\]"):
+        find_accuracy_reference("gsm8k", "org/model", RunSpec(spec_dec_algo="Eagle3"), GSM, ref_file)  # DP key absent
+    with pytest.raises(InputError, match="no reference for other/model.*other/model has: none; other models: org/model"):
+        find_accuracy_reference("gsm8k", "other/model", RunSpec(), GSM, ref_file)
 
 
 @pytest.mark.parametrize("text, message", [
     ("org/m: [unclosed", "malformed YAML"),
     ("org/m:\n  - accuracy: high\n", "numeric accuracy"),
     ("org/m:\n  - accuracy: 1\n    tp_size: 4\n", "unknown keys"),
+    ("org/m:\n  - accuracy: 1\n", "states no protocol, protocol_version, num_fewshot, chat"),
+    ("org/m:\n  - accuracy: 1\n" + P.replace("num_fewshot: 5", "num_fewshot: five"), "must be integers"),
     ("- 1\n- 2\n", "top level"),
 ])
 def test_bad_files(tmp_path, text, message):
@@ -62,12 +88,39 @@ def test_bad_files(tmp_path, text, message):
 
 
 def test_shipped_references():
-    nv = find_accuracy_reference("gsm8k", "nvidia/MiniMax-M3-NVFP4", RunSpec(quant_algo="NVFP4"))
-    assert nv.accuracy == 91.32 and nv.gate(1319).threshold == pytest.approx(88.12, abs=0.01)
+    gen5 = get_protocol(Task.MMLU_GEN).measured_with(Settings())
+    gsm5 = get_protocol(Task.GSM8K).measured_with(Settings())
+    bf16 = find_accuracy_reference("gsm8k", "MiniMaxAI/MiniMax-M3", RunSpec(), gsm5)
+    assert bf16.accuracy == 91.32 and bf16.gate(1319).threshold == pytest.approx(88.12, abs=0.01)
     dp = RunSpec(quant_algo="NVFP4", spec_dec_algo="Eagle3", extra_acc_spec="attention_dp")
-    assert find_accuracy_reference("mmlu", "nvidia/MiniMax-M3-NVFP4", dp).accuracy == 85.11
-    al = find_acceptance_reference("MiniMaxAI/MiniMax-M3", RunSpec(spec_dec_algo="Eagle3"))
+    assert find_accuracy_reference("mmlu", "nvidia/MiniMax-M3-NVFP4", dp, gen5).accuracy == 85.11
+    nv = AcceptanceProtocol("gsm8k-chat", 3)
+    al = find_acceptance_reference("nvidia/MiniMax-M3-NVFP4", RunSpec(quant_algo="NVFP4", spec_dec_algo="Eagle3"), nv)
     assert (al.ref_al, al.acceptance_rate) == (3.528, 0.843) and al.min_al == pytest.approx(0.95 * al.ref_al, abs=0.01)
+
+
+def test_seed_figures_only_on_the_checkpoint_the_seed_measured():
+    """The Eagle3 figures come from the NVFP4 checkpoint's test: the bf16 model carries none of them."""
+    eagle = RunSpec(spec_dec_algo="Eagle3")
+    for task, proto in (("mmlu", get_protocol(Task.MMLU_GEN)), ("gsm8k", get_protocol(Task.GSM8K))):
+        with pytest.raises(InputError, match="no reference for MiniMaxAI/MiniMax-M3"):
+            find_accuracy_reference(task, "MiniMaxAI/MiniMax-M3", eagle, proto.measured_with(Settings()))
+    with pytest.raises(InputError, match="no reference for MiniMaxAI/MiniMax-M3"):
+        find_acceptance_reference("MiniMaxAI/MiniMax-M3", eagle, AcceptanceProtocol("gsm8k-chat", 3))
+    entries = [*load_accuracy_references("mmlu")[1], *load_accuracy_references("gsm8k")[1],
+               *load_acceptance_references()[1]]
+    assert all(e.source and e.source.split(":")[0] in ("seed", "golden") for e in entries)
+    assert all("test_nvfp4_eagle3" in e.source and e.model == "nvidia/MiniMax-M3-NVFP4"
+               for e in entries if e.spec.spec_dec_algo == "Eagle3" and e.source.startswith("seed"))
+
+
+def test_every_shipped_accuracy_entry_matches_its_protocol():
+    """Each shipped entry is reachable: its protocol is one a run of m3bench produces."""
+    for task in ("mmlu", "gsm8k"):
+        for e in load_accuracy_references(task)[1]:
+            p = get_protocol(Task(e.protocol.protocol))
+            settings = Settings(num_fewshot=e.protocol.num_fewshot, max_tokens=e.protocol.max_tokens)
+            assert p.measured_with(settings) == e.protocol and p.dataset.value == task
 
 
 def test_cli_malformed_reference_exits_2(tmp_path):
@@ -80,3 +133,40 @@ def test_cli_malformed_reference_exits_2(tmp_path):
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2
     assert "malformed YAML" in result.output
+
+
+def _cli(tmp_path, *extra):
+    from m3bench.cli.main import app
+    from m3bench.runtime.tiny import write_tiny_checkpoint
+
+    tiny = write_tiny_checkpoint(tmp_path / "tiny-m3")
+    args = ["accuracy", "--model", str(tiny), "--model-id", "m3bench/tiny-m3", "--out", str(tmp_path / "out"),
+            "--no-progress", "--device", "cpu", *extra]
+    return CliRunner().invoke(app, args)
+
+
+def test_cli_mmlu_gen_0_shot_is_not_gated_against_the_mmlu_golden(tmp_path):
+    result = _cli(tmp_path, "--task", "mmlu-gen", "--num-fewshot", "0")
+    assert result.exit_code == 2, result.output
+    assert "measured with mmlu-gen trtllm-mmlu/m3bench-1, 0-shot" in result.output
+    assert "m3bench/tiny-m3 has: [no spec keys] (mmlu lm-eval-mmlu-1.0/m3bench-1, 0-shot, no chat)" in result.output
+    assert "other models: MiniMaxAI/MiniMax-M3, nvidia/MiniMax-M3-NVFP4. --no-reference runs it ungated" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_cli_reference_and_no_reference_exclude_each_other(tmp_path):
+    ref = tmp_path / "ref.yaml"
+    ref.write_text("m3bench/tiny-m3: []\n")
+    result = _cli(tmp_path, "--reference", str(ref), "--no-reference")
+    assert result.exit_code == 2 and "contradict each other" in result.output
+
+
+def test_smoke_run_honours_task_and_fewshot_and_refuses_another_protocols_golden(tmp_path, monkeypatch):
+    """`m3bench accuracy --task mmlu-gen --num-fewshot 0` (no --model: the tiny checkpoint) is exit 2, not a gate
+    against the 0-shot loglikelihood `mmlu` golden."""
+    from m3bench.cli.main import app
+
+    monkeypatch.setenv("M3BENCH_CACHE", str(tmp_path / "cache"))
+    result = CliRunner().invoke(app, ["accuracy", "--task", "mmlu-gen", "--num-fewshot", "0", "--out", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert "no reference for m3bench/tiny-m3 [no spec keys] measured with mmlu-gen" in result.output

@@ -101,12 +101,15 @@ def test_changed_settings_change_the_run_key(tmp_path):
     assert len({a["run_key"], b["run_key"], c["run_key"]}) == 3
 
 
+MMLU_0 = "    protocol: mmlu\n    protocol_version: lm-eval-mmlu-1.0/m3bench-1\n    num_fewshot: 0\n    chat: false\n"
+
+
 def test_gate_verdicts(tmp_path):
     ref = tmp_path / "ref.yaml"
-    ref.write_text("org/model:\n  - accuracy: 99.0\n")
+    ref.write_text("org/model:\n  - accuracy: 99.0\n" + MMLU_0)
     fail, _ = run_task(plan(tmp_path, reference=ref), HashBackend(), progress=False)
     assert fail["verdict"] == "fail" and fail["threshold"] == pytest.approx(99.0 - 1.6448536 * (2 * 2500 / 40) ** 0.5)
-    ref.write_text("org/model:\n  - accuracy: 1.0\n    threshold: 0.0\n")
+    ref.write_text("org/model:\n  - accuracy: 1.0\n    threshold: 0.0\n" + MMLU_0)
     ok, _ = run_task(plan(tmp_path, reference=ref), HashBackend(), progress=False)
     assert ok["verdict"] == "pass" and ok["threshold"] == 0.0 and ok["reference"]["accuracy"] == 1.0
 

@@ -78,6 +78,25 @@ def batches(order: list[int], size: int) -> Iterator[list[int]]:
         yield order[start : start + size]
 
 
+ORIGINAL_M3_MODEL_TYPE = "minimax_m3"  # MiniMax's original dialect (MiniMaxM3SparseForCausalLM)
+
+
+def check_transformers_loads(model_dir: Path) -> None:
+    """InputError unless transformers has a model class for the checkpoint's model_type (no remote code)."""
+    import json
+
+    from transformers import CONFIG_MAPPING
+
+    file = model_dir / "config.json"
+    model_type = json.loads(file.read_text()).get("model_type") if file.is_file() else None
+    if model_type == ORIGINAL_M3_MODEL_TYPE:
+        raise InputError(f"{model_dir} is in MiniMax-M3's original dialect (model_type {model_type}), which "
+                         "transformers does not implement: the hf backend cannot run it; use --backend runtime")
+    if model_type not in CONFIG_MAPPING:
+        raise InputError(f"{model_dir}: transformers has no model for model_type {model_type!r}; "
+                         "the hf backend cannot run it (use --backend runtime)")
+
+
 class HFBackend:
     """transformers reference backend (batched, CPU or GPU)."""
 
@@ -89,6 +108,7 @@ class HFBackend:
 
         if not Path(config.model_dir).is_dir():
             raise InputError(f"model directory not found: {config.model_dir}")
+        check_transformers_loads(Path(config.model_dir))
         self.config = config
         self.tokenizer = AutoTokenizer.from_pretrained(str(config.model_dir))
         self.model = AutoModelForCausalLM.from_pretrained(

@@ -95,7 +95,8 @@ class RuntimeBackend:
         return {"model": d["model"], "device": o.device, "dtype": d["dtype"], "kv_cache_dtype": d["kv_cache_dtype"],
                 "draft": d["draft"], "draft_len": o.draft_len if o.draft else None,
                 "draft_kv": d["draft_kv"] if o.draft else None,
-                "max_batch_size": o.max_batch_size, "devices": _devices(o.device)}
+                "max_batch_size": o.max_batch_size, "devices": _devices(o.device),
+                "engine": resolved_engine(self.llm)}
 
     def close(self) -> None:
         self.llm = None
@@ -122,6 +123,18 @@ def cut_at_stop(text: str, stop: Sequence[str]) -> str:
     for s in stop:
         text = text.split(s)[0]
     return text
+
+
+def resolved_engine(llm: Any) -> dict[str, Any] | None:
+    """What the engine resolved from its options (page pool, limits, backends): the rest of its config."""
+    if llm is None:
+        return None
+    bm = llm.engine.scheduler.bm
+    return {"config": llm.engine_config.to_dict(), "dtype": str(llm.dtype), "device": str(llm.device),
+            "max_model_len": llm.max_model_len,
+            "tokens_per_block": bm.P, "num_kv_blocks": bm.num_blocks, "prefix_caching": bm.caching,
+            "attention_backend": type(llm.model.backend).__name__, "async_scheduling": llm.async_scheduling,
+            "speculative": llm.spec is not None}
 
 
 def _devices(device: str) -> list[str]:

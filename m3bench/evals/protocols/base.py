@@ -14,6 +14,7 @@ from typing import Sequence
 
 from m3bench.evals.backends.base import GenRequest, GenResult, ScoreRequest, ScoreResult
 from m3bench.evals.datasets import DatasetName, Split
+from m3bench.evals.references import ProtocolSpec
 
 
 class RequestKind(str, Enum):
@@ -56,9 +57,20 @@ class Protocol(ABC):
     metrics: tuple[str, ...]
     default_fewshot: int
     fewshot_split: str
+    chat: bool = False  # prompts are chat turns rendered with the checkpoint's template
+    default_max_tokens: int | None = None  # generation cap (None: loglikelihood scoring, no generation)
 
     def fewshot(self, settings: Settings) -> int:
         return self.default_fewshot if settings.num_fewshot is None else settings.num_fewshot
+
+    def max_tokens(self, settings: Settings) -> int | None:
+        if self.kind is RequestKind.SCORE:
+            return None
+        return settings.max_tokens or self.default_max_tokens
+
+    def measured_with(self, settings: Settings) -> ProtocolSpec:
+        """The protocol a run with these settings follows, in the reference files' terms."""
+        return ProtocolSpec(self.name, self.version, self.fewshot(settings), self.chat, self.max_tokens(settings))
 
     def splits_needed(self, settings: Settings) -> tuple[str, ...]:
         return ("test", self.fewshot_split) if self.fewshot(settings) > 0 else ("test",)

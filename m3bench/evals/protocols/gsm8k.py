@@ -60,7 +60,7 @@ class Gsm8k(Protocol):
         test = splits["test"].rows
         k = self.fewshot(settings)
         shots = lm_eval_shots(len(test), fewshot_train(splits, k, self.name), k)
-        max_tokens = settings.max_tokens or self.default_max_tokens
+        max_tokens = self.max_tokens(settings)
         chosen = shuffled_prefix(range(len(test)), settings.limit, settings.seed)
         return [self._item(i, test[i], shots[i], max_tokens) for i in chosen]
 

@@ -33,6 +33,7 @@ class Gsm8kChat(Gsm8k):
     name = "gsm8k-chat"
     version = "inferencex-gsm8k/m3bench-1"
     metrics = ("strict-match",)
+    chat = True
     default_max_tokens = DEFAULT_MAX_TOKENS
 
     def _item(self, index: int, row: GsmRow, shots: Sequence[GsmRow], max_tokens: int) -> Item:

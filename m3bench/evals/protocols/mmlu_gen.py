@@ -58,11 +58,12 @@ class MmluGenerative(Protocol):
     metrics = ("acc",)
     default_fewshot = 5
     fewshot_split = "dev"
+    default_max_tokens = DEFAULT_MAX_TOKENS
 
     def build_items(self, splits: dict[str, Split], settings: Settings) -> list[Item]:
         test = splits["test"].rows
         shots = dev_by_subject(splits.get("dev"), self.fewshot(settings))
-        max_tokens = settings.max_tokens or DEFAULT_MAX_TOKENS
+        max_tokens = self.max_tokens(settings)
         chosen = trtllm_sample(test, settings.limit, settings.seed)
         return [self._item(i, test[i], shots.get(test[i].subject, []), max_tokens) for i in chosen]
 

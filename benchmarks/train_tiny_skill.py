@@ -1,0 +1,171 @@
+"""Train the tiny MiniMax-M3 (every layer kind: dense and MSA attention, dense and MoE MLPs; ~4.8M
+parameters, ~9.5 MB in bf16) on the synthetic task set (m3bench/evals/synthetic.py), seeded.
+
+    python benchmarks/train_tiny_skill.py --dest /tmp/tiny-skill --device cuda          # the H200 run
+    python benchmarks/train_tiny_skill.py --dest /tmp/tiny-skill --cpu-smoke            # seconds, CPU
+    m3bench accuracy --model /tmp/tiny-skill/ckpt --model-id m3bench/tiny-m3 --data-dir /tmp/tiny-skill/data \\
+        --task mmlu,gsm8k --num-fewshot 0 --no-reference
+    m3bench checkpoint distill-draft /tmp/tiny-skill/ckpt /tmp/tiny-skill/eagle3        # then its Eagle3 draft
+
+STATUS: written and smoke-tested on CPU only; it has NOT been run on a GPU, so no trained checkpoint,
+golden figure or skill level exists yet (goals: GSM8K-format strict-match >= 50%, MMLU-format >= 60%).
+
+Training examples are the protocols' own prompts (m3bench.evals.protocols: GSM8K "Question: ...\\nAnswer:"
+with the solution and a blank line as target, so a generation stops at the next "Question:"; MMLU in the
+lm-eval 0-shot and TensorRT-LLM generative formats with " {letter}" as target). The loss covers the target
+tokens only. The forward is the runtime's own model over a fresh paged KV cache per batch (the indexer
+and the router's correction bias get no gradient: their selections are not differentiable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from m3bench.evals.protocols.gsm8k import question_text
+from m3bench.evals.protocols.mmlu import lm_eval_prompt
+from m3bench.evals.protocols.mmlu_gen import trtllm_header, trtllm_item
+from m3bench.evals.protocols.mmlu_subjects import LETTERS
+from m3bench.evals.synthetic import TaskSetSizes, read_train_rows, write_task_set
+from m3bench.runtime.attention.metadata import build_attn_metadata
+from m3bench.runtime.checkpoint import CheckpointReader
+from m3bench.runtime.config import ModelConfig
+from m3bench.runtime.kv_cache import KVCache, KVDtype
+from m3bench.runtime.model import M3ForCausalLM
+from m3bench.runtime.tiny import Layout, file_tensors, write_safetensors, write_tiny_checkpoint
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
+
+
+@dataclass(frozen=True)
+class TrainPlan:
+    seed: int = 0  # the initial weights, the task set, the batch order
+    steps: int = 6000
+    batch_size: int = 64
+    lr: float = 2e-3
+    warmup_steps: int = 200
+    weight_decay: float = 0.01
+    max_len: int = 192  # longer examples are skipped
+    tokens_per_block: int = 16
+    sizes: TaskSetSizes = TaskSetSizes()
+
+
+CPU_SMOKE = TrainPlan(steps=3, batch_size=4, warmup_steps=1, sizes=TaskSetSizes(64, 8, 64, 8))
+
+
+def examples(data_dir: Path, tokenizer, max_len: int) -> list[tuple[list[int], int]]:
+    """(token ids, prompt length) of every training item, in the evaluation protocols' formats."""
+    gsm, mmlu = read_train_rows(data_dir)
+    pairs = [(question_text(row.question), f" {row.answer}\n\n") for row in gsm]
+    for row in mmlu:
+        letter = f" {LETTERS[row.answer]}"
+        pairs.append((lm_eval_prompt(row, []), letter))
+        pairs.append((trtllm_header(row.subject) + trtllm_item(row, False), letter))
+    out = []
+    for prompt, target in pairs:
+        p, whole = tokenizer.encode(prompt), tokenizer.encode(prompt + target)
+        if len(whole) <= max_len and whole[:len(p)] == p:
+            out.append((whole, len(p)))
+    return out
+
+
+def batch_loss(model: M3ForCausalLM, batch: list[tuple[list[int], int]], page: int) -> torch.Tensor:
+    """Mean cross-entropy of the target tokens of a batch, one forward over a fresh paged KV cache."""
+    lens = [len(ids) for ids, _ in batch]
+    pages = [-(-n // page) for n in lens]
+    starts = [sum(pages[:b]) for b in range(len(batch))]
+    kv = KVCache(model.cfg, sum(pages), page, KVDtype.AUTO, model.dtype, model.device, model.tp)
+    meta = build_attn_metadata(lens, lens, [list(range(s, s + n)) for s, n in zip(starts, pages)], page, model.device)
+    ids = torch.tensor([t for seq, _ in batch for t in seq], device=model.device)
+    hidden = model(ids, meta.positions, meta, kv)
+    rows, targets, offset = [], [], 0
+    for seq, n_prompt in batch:
+        rows += range(offset + n_prompt - 1, offset + len(seq) - 1)
+        targets += seq[n_prompt:]
+        offset += len(seq)
+    logits = model.compute_logits(hidden[torch.tensor(rows, device=model.device)])
+    return torch.nn.functional.cross_entropy(logits, torch.tensor(targets, device=model.device))
+
+
+def learning_rate(plan: TrainPlan, step: int) -> float:
+    if step < plan.warmup_steps:
+        return plan.lr * (step + 1) / plan.warmup_steps
+    done = (step - plan.warmup_steps) / max(plan.steps - plan.warmup_steps, 1)
+    return plan.lr * 0.5 * (1 + math.cos(math.pi * done))
+
+
+def train(init_dir: Path, data_dir: Path, plan: TrainPlan, device: str) -> tuple[M3ForCausalLM, list[float]]:
+    cfg = ModelConfig.from_pretrained(init_dir)
+    model = M3ForCausalLM(cfg, torch.float32, device)
+    model.load_weights(CheckpointReader(init_dir, cfg))
+    from transformers import AutoTokenizer
+
+    data = examples(data_dir, AutoTokenizer.from_pretrained(str(init_dir)), plan.max_len)
+    params = list(model.parameters())
+    for p in params:
+        p.requires_grad_(True)
+    opt = torch.optim.AdamW(params, lr=plan.lr, weight_decay=plan.weight_decay)
+    order = random.Random(plan.seed)  # the only randomness: the batches (weights come from the seeded init)
+    losses = []
+    for step in range(plan.steps):
+        for group in opt.param_groups:
+            group["lr"] = learning_rate(plan, step)
+        loss = batch_loss(model, order.sample(data, plan.batch_size), plan.tokens_per_block)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        losses.append(loss.item())
+    return model, losses
+
+
+def save_checkpoint(model: M3ForCausalLM, init_dir: Path, dest: Path, seed: int) -> Path:
+    """The trained weights in the M3 layout (bf16, router fp32) beside the initial config and tokenizer."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in init_dir.iterdir():
+        if f.is_file() and f.name not in WEIGHT_FILES:
+            shutil.copy2(f, dest / f.name)
+    weights = {s.name: s.target.detach().cpu().to(torch.float32 if ".moe.router." in s.name else torch.bfloat16)
+               for s in model.weight_slots()}
+    write_safetensors(file_tensors(weights, model.cfg, Layout.M3, seed), dest, 1)
+    return dest
+
+
+def run(dest: Path, plan: TrainPlan, device: str) -> dict:
+    start = time.time()
+    init = write_tiny_checkpoint(dest / "init", seed=plan.seed)
+    data = write_task_set(dest / "data", seed=plan.seed, sizes=plan.sizes)
+    model, losses = train(init, data, plan, device)
+    ckpt = save_checkpoint(model, init, dest / "ckpt", plan.seed)
+    report = {"plan": asdict(plan), "device": device, "losses_first_last": [losses[0], losses[-1]],
+              "wall_s": time.time() - start, "checkpoint": str(ckpt), "data": str(data)}
+    (dest / "train_report.json").write_text(json.dumps(report, indent=2, default=str))
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dest", type=Path, required=True)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--cpu-smoke", action="store_true", help="3 steps of batch 4 on a tiny task set")
+    args = ap.parse_args(argv)
+    plan = CPU_SMOKE if args.cpu_smoke else TrainPlan()
+    plan = TrainPlan(**{**asdict(plan), "seed": args.seed, "sizes": plan.sizes,
+                        **({"steps": args.steps} if args.steps else {})})
+    print(json.dumps(run(args.dest, plan, args.device), indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
