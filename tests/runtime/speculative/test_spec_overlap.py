@@ -143,3 +143,17 @@ def test_graph_paths_under_overlap(model, prompts, oracle_seqs, cpu_graphs, temp
     assert outs[True] == outs[False]
     replays = llm.engine.spec.graphs.replays
     assert replays["verify"] > 0 and replays["chain"] > 0
+
+
+def test_scoring_beside_overlapped_speculation(model, prompts, oracle_seqs):
+    """Scoring rows share steps with verify rows whose drafts are on the device; scores are the plain engine's."""
+    pairs = [(prompts[1], prompts[3][:6]), (prompts[0], prompts[2][:3])]
+    want = LLM(model, **llm_args(kv_cache_dtype="bf16")).score(pairs)
+    over = _spec(model, OracleDraft(model, oracle_seqs, wrong_every=3), True, kv_cache_dtype="bf16")
+    rid = over.add_request(prompts[2], SamplingParams(max_tokens=N_NEW, ignore_eos=True))
+    over.step()
+    over.step()  # the request now holds drafts on the device
+    assert over.engine.spec.states[rid].tokens is not None
+    got = over.score(pairs)
+    assert [g for _, g in got] == [g for _, g in want]
+    assert max(abs(a - b) for (a, _), (b, _) in zip(got, want)) < 1e-3
