@@ -6,21 +6,17 @@ TP 1's acceptance counts."""
 from __future__ import annotations
 
 import pytest
-from tp_helpers import P, random_prompts, tiny_checkpoint
+from tp_helpers import P, checkpoint_and_draft, random_prompts
 
 from m3bench.runtime import LLM, SamplingParams
 from m3bench.runtime.overlap_engine import OverlapEngine
-from m3bench.runtime.speculative.tiny_draft import write_tiny_draft
 
 ATOL = 2e-4  # fp32 logprobs: the all-reduced sums round differently from one rank's
 
 
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
-    target = tiny_checkpoint(tmp_path_factory.mktemp("tp_overlap_target"))
-    draft = tmp_path_factory.mktemp("tp_overlap_draft")
-    write_tiny_draft(draft, target, seed=3)
-    return target, draft
+    return checkpoint_and_draft(tmp_path_factory.mktemp("tp_overlap"))
 
 
 def _same(a, b) -> None:
