@@ -5,8 +5,8 @@
     while engine.has_work():
         deltas = engine.step()          # list[RequestDelta]: new tokens / text / timestamps per request
 
-Inputs are built on the host as one int64 buffer and copied to the device once; the slot of every
-token is looked up on the device from the persistent block table (no page ids cross the bus). A step
+Inputs are built on the host as rows (runtime/step_rows.py, shared with speculation) and copied to the
+device once; the slot of every token is looked up on the device from the persistent block table. A step
 in which every request decodes one token from its own row is built on the device instead, from the
 tokens and positions the previous steps left there (runtime/decode_state: no per-request host work).
 """
@@ -22,13 +22,13 @@ import torch
 
 from m3bench.runtime.attention.metadata import AttnMetadata
 from m3bench.runtime.block_manager import BlockManager
-from m3bench.runtime.decode_state import PLACEHOLDER, DecodeState
+from m3bench.runtime.decode_state import DecodeState
 from m3bench.runtime.kv_cache import KVCache
 from m3bench.runtime.sampler import Sampler, SamplerOutput, make_generator
 from m3bench.runtime.scheduler import ScheduledBatch, Scheduler
 from m3bench.runtime.sequence import Detokenizer, FinishReason, Sequence
+from m3bench.runtime.step_rows import Row, StepInputs, StepRows
 from m3bench.runtime.step_timing import NO_CLOCK
-from m3bench.runtime.transfer import upload
 
 
 @dataclass(frozen=True)
@@ -45,21 +45,6 @@ class RequestDelta:
     top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()  # per new token: (id, logprob), best first
     prompt_logprobs: tuple[float, ...] = ()  # with SamplingParams.prompt_logprobs: prompt tokens 1.. (once)
     prompt_top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()  # their top n (id, logprob)
-
-
-@dataclass(frozen=True)
-class StepInputs:
-    input_ids: torch.Tensor  # [T]
-    positions: torch.Tensor  # [T]
-    meta: AttnMetadata
-    logits_idx: torch.Tensor  # [N] token indices whose logits are needed: sampled rows first, then score rows
-    sample_seqs: list[Sequence]
-    score_targets: torch.Tensor  # [N - len(sample_seqs)] the token each score row predicts
-    score_counts: list[tuple[Sequence, int]]  # score rows per scoring request, in order
-    device_built: bool = False  # a decode step built from the DecodeState (rows 0..B-1, one token each)
-    sample_rows: torch.Tensor | None = None  # host-built: block-table row of each sampled request
-    sample_pos: torch.Tensor | None = None  # host-built: the position its sampled token will take
-    sample_pos_host: list[int] = dataclasses.field(default_factory=list)
 
 
 class ModelRunner:
@@ -80,34 +65,10 @@ class ModelRunner:
     def prepare(self, batch: ScheduledBatch) -> StepInputs:
         if self.state is not None and self.state.ready(batch):
             return self._prepare_decode(batch)
-        ids: list[int] = []
-        rows: list[int] = []
-        pos: list[int] = []
-        seq_lens: list[int] = []
-        sample_idx, sample_seqs, score_idx, targets, counts = [], [], [], [], []
-        sample_rows, sample_pos, ph_idx, ph_rows = [], [], [], []
+        rows = StepRows()
         for seq, n in zip(batch.seqs, batch.num_tokens):
-            start, end = seq.num_computed, seq.num_computed + n
-            base = len(ids)
-            ids += seq.token_slice(start, end)
-            pos += range(start, end)
-            rows += [seq.row] * n
-            seq_lens.append(end)
-            lo, hi = max(start, seq.logprob_from - 1), min(end, len(seq.prompt_ids) - 1)
-            if seq.is_score or (seq.logprob_from >= 0 and hi > lo):  # scored prompt rows (prompt logprobs too)
-                score_idx += range(base + lo - start, base + hi - start)
-                targets += seq.token_slice(lo + 1, hi + 1)
-                counts.append((seq, max(hi - lo, 0)))
-            if not seq.is_score and end == seq.num_tokens:
-                sample_idx.append(base + n - 1)
-                sample_seqs.append(seq)
-                sample_rows.append(seq.row)
-                sample_pos.append(end)
-            if ids[-1] == PLACEHOLDER:  # its token is still on the device (asynchronous scheduling)
-                ph_idx.append(len(ids) - 1)
-                ph_rows.append(seq.row)
-        return self._to_device(batch, ids, pos, rows, seq_lens, sample_idx + score_idx, targets,
-                               sample_seqs, counts, [sample_rows, sample_pos, ph_idx, ph_rows])
+            rows.add(seq, n)
+        return rows.to_device(batch, self.bm, self.device, row_tokens=None if self.state is None else self.state.tokens)
 
     def _prepare_decode(self, batch: ScheduledBatch) -> StepInputs:
         """Inputs of a decode step from the DecodeState: no per-request work on the host."""
@@ -118,29 +79,6 @@ class ModelRunner:
         meta = AttnMetadata(query_start_loc=self._qsl[:B + 1], seq_lens=lens, block_tables=self.bm.table[:B, :width],
                             slot_mapping=slots, positions=pos, query_lens_host=[1] * B, seq_lens_host=lens_host)
         return StepInputs(ids, pos, meta, self._idx[:B], batch.seqs, self._none, [], device_built=True)
-
-    def _to_device(self, batch, ids, pos, rows, seq_lens, logits_idx, targets, sample_seqs, counts,
-                   extra: list[list[int]]) -> StepInputs:
-        T, B, N = len(ids), len(seq_lens), len(logits_idx)
-        q_lens = list(batch.num_tokens)
-        starts = [0]
-        for q in q_lens:
-            starts.append(starts[-1] + q)
-        host = torch.tensor(ids + pos + rows + starts + seq_lens + logits_idx + targets + [v for e in extra for v in e],
-                            dtype=torch.int64)
-        dev = upload(host, self.device)
-        cut = [T, T, T, B + 1, B, N, len(targets)] + [len(e) for e in extra]
-        input_ids, positions, rows_t, qsl, lens, idx, tgt, s_rows, s_pos, ph_idx, ph_rows = dev.split(cut)
-        if extra[2]:
-            input_ids[ph_idx] = self.state.tokens[ph_rows]
-        self.bm.flush()
-        table = self.bm.table
-        slots = table[rows_t, positions // self.P].long() * self.P + positions % self.P
-        width = -(-max(seq_lens) // self.P)
-        meta = AttnMetadata(query_start_loc=qsl.int(), seq_lens=lens.int(),
-                            block_tables=self.bm.rows_view(batch.seqs, width), slot_mapping=slots,
-                            positions=positions, query_lens_host=q_lens, seq_lens_host=seq_lens)
-        return StepInputs(input_ids, positions, meta, idx, sample_seqs, tgt, counts, False, s_rows, s_pos, extra[1])
 
     def record(self, inputs: StepInputs, sampled: torch.Tensor) -> None:
         """Keep the step's sampled tokens on the device as the next decode inputs of their rows."""
@@ -236,12 +174,27 @@ class DecodeGraphs:
         return self.out[:B]
 
 
+@dataclass(frozen=True)
+class StepOutcome:
+    """A launched step's results on the device: the sampled rows' tokens, the verify rows' verification."""
+
+    inputs: StepInputs
+    sampled: SamplerOutput | None  # the plain rows' (inputs.sample_seqs), or None
+    verified: Any  # VerifyResult of inputs.verify (speculative/verify.py), or None
+    verify_logprobs: tuple  # (chosen, tops) per verify row and position; (None, None) when no row asks
+
+
 class Engine:
+    """The step loop. `spec` (a SpecRunner, or None) is the propose/verify strategy: it builds the step's
+    rows with the drafts to verify, verifies them, and drafts again over the positions that landed."""
+
     def __init__(self, runner: ModelRunner, scheduler: Scheduler, sampler: Sampler, tokenizer: Any,
-                 eos_token_ids: tuple[int, ...], max_model_len: int) -> None:
+                 eos_token_ids: tuple[int, ...], max_model_len: int, spec: Any = None) -> None:
         self.runner, self.scheduler, self.sampler = runner, scheduler, sampler
         self.tokenizer, self.eos = tokenizer, frozenset(eos_token_ids)
         self.max_model_len = max_model_len
+        self.spec = spec
+        self.stepper = runner if spec is None else spec  # prepare / run of the step
 
     def add(self, seq: Sequence) -> None:
         if seq.params.seed is not None:
@@ -268,20 +221,27 @@ class Engine:
         dropped = [make_delta(s, (), "", ()) for s in self.scheduler.drain_dropped()]
         if batch is None:
             return dropped
-        inputs, sampled = self._run_batch(batch)
-        return dropped + self._postprocess(batch, inputs.sample_seqs, sampled)
+        out = self._run_batch(batch)
+        deltas = self._postprocess(batch, out)
+        if self.spec is not None:  # the draft extends over the landed positions and proposes again
+            self.spec.propose(self.spec.extends(out.inputs))
+        return dropped + deltas
 
-    def _run_batch(self, batch: ScheduledBatch) -> tuple[Any, SamplerOutput | None]:
-        """Forward the scheduled batch, sample its generating rows (kept on the device), score the rest."""
+    def _run_batch(self, batch: ScheduledBatch) -> StepOutcome:
+        """Forward the scheduled batch; verify its verify rows, sample its plain generating rows (the tokens
+        stay on the device), score the rest."""
         mark_scheduled(batch)
-        inputs = self.runner.prepare(batch)
-        logits = self.runner.run(inputs, batch)
+        inputs = self.stepper.prepare(batch)
+        logits = self.stepper.run(inputs, batch)
+        nv = len(inputs.verify) * (self.spec.K + 1) if inputs.verify else 0
+        verified = self.spec.verify(logits[:nv], inputs) if nv else None
         ns = len(inputs.sample_seqs)
-        sampled = self._sample(logits[:ns], inputs.sample_seqs) if ns else None
-        if sampled is not None:
+        sampled = self._sample(logits[nv:nv + ns], inputs.sample_seqs) if ns else None
+        if sampled is not None and self.spec is None:  # (under speculation they reach the draft from the host)
             self.runner.record(inputs, sampled.token_ids)
-        self._score(logits[ns:], inputs)
-        return inputs, sampled
+        self._score(logits[nv + ns:], inputs)
+        lps = self.spec.verify_logprobs(logits[:nv], inputs, verified) if nv else (None, None)
+        return StepOutcome(inputs, sampled, verified, lps)
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
         banned = [self._banned(s) for s in seqs]
@@ -308,23 +268,61 @@ class Engine:
                 seq.score_top += [row[:seq.params.prompt_logprobs] for row in tops[at:at + n]]
             at += n
 
-    def _postprocess(self, batch: ScheduledBatch, sample_seqs: list[Sequence],
-                     sampled: SamplerOutput | None) -> list[RequestDelta]:
-        bm = self.scheduler.bm
-        for seq, n in zip(batch.seqs, batch.num_tokens):
-            seq.num_computed += n
-            bm.commit(seq)
-            if seq.is_score and seq.num_computed == seq.num_tokens:
-                self.scheduler.finish(seq, FinishReason.STOP)
-        if sampled is None:
-            return [make_delta(s, (), "", ()) for s in batch.seqs if s.finished]
+    def _postprocess(self, batch: ScheduledBatch, out: StepOutcome) -> list[RequestDelta]:
+        """Land the step in batch order (the step's device -> host syncs); scoring requests done last."""
+        accepted, emitted = fetch_verified(out.verified)
+        tokens, lps, tops = fetch_sampled(out.sampled)
         now = time.time()
-        tokens = sampled.token_ids.tolist()  # the one device -> host sync of the step
-        lps = sampled.logprobs.tolist() if sampled.logprobs is not None else None
-        tops = sampled_tops(sampled)
-        deltas = [self._append(seq, tokens[i], now, lps and lps[i], tops and tops[i])
-                  for i, seq in enumerate(sample_seqs)]
+        verify, sampled = out.inputs.verify, out.inputs.sample_seqs
+        deltas, vi, pi = [], 0, 0
+        for seq, n in zip(batch.seqs, batch.num_tokens):
+            if vi < len(verify) and verify[vi].seq is seq:
+                lp, top = row_logprobs(out.verify_logprobs, vi, seq, accepted[vi] + 1)
+                deltas.append(self._land_verified(verify[vi], accepted[vi], emitted[vi], now, lp, top))
+                vi += 1
+            elif pi < len(sampled) and sampled[pi] is seq:
+                deltas.append(self._land_sampled(seq, n, now, tokens[pi], lps and lps[pi], tops and tops[pi]))
+                pi += 1
+            else:
+                self._computed(seq, n)
         return deltas + [make_delta(s, (), "", ()) for s in batch.seqs if s.is_score and s.finished]
+
+    def _land_verified(self, row: Row, a: int, out: list[int], now: float, lps: list, tops: list) -> RequestDelta:
+        """The a accepted drafts and the bonus / correction token; the KV keeps L + a + 1 positions."""
+        seq = row.seq
+        self.spec.record(seq).add(proposed=len(row.drafts), accepted=a)
+        seq.num_computed = row.start + a + 1  # rollback by length: positions past it are stale
+        delta = self.land(seq, out[:a + 1], now, lps, tops)
+        if not seq.finished:
+            self.scheduler.bm.commit(seq)
+        return delta
+
+    def _land_sampled(self, seq: Sequence, n: int, now: float, token: int, lp, top) -> RequestDelta:
+        if self.spec is not None and n == 1 and seq.output_ids:
+            self.spec.record(seq).add(proposed=0, accepted=0)  # a decode step without drafts
+        seq.num_computed += n
+        self.scheduler.bm.commit(seq)
+        return self.land(seq, [token], now, [lp], [top])
+
+    def _computed(self, seq: Sequence, n: int) -> None:
+        """A chunk that samples nothing: mid-prompt, or a scoring chunk (the last one finishes it)."""
+        seq.num_computed += n
+        self.scheduler.bm.commit(seq)
+        if seq.is_score and seq.num_computed == seq.num_tokens:
+            self.scheduler.finish(seq, FinishReason.STOP)
+
+    def land(self, seq: Sequence, tokens: list[int], now: float, lps: list, tops: list) -> RequestDelta:
+        """The one way tokens land, in every mode (a sampled token, a verify row's accepted drafts and
+        bonus, an overlapped step's token one step late): append them in order with the stop rules
+        (the first stop ends the run); their merged delta. lps / tops: per token, None without logprobs."""
+        if len(tokens) == 1:  # (the common case, per request and step: no merge)
+            return self._append(seq, tokens[0], now, lps[0], tops[0])
+        parts = []
+        for t, lp, top in zip(tokens, lps, tops, strict=True):
+            parts.append(self._append(seq, t, now, lp, top))
+            if seq.finished:
+                break
+        return parts[0] if len(parts) == 1 else merge_deltas(parts)
 
     def _append(self, seq: Sequence, token: int, now: float, lp: float | None, top) -> RequestDelta:
         seq.output_ids.append(token)
@@ -372,6 +370,40 @@ def _new_text(seq: Sequence) -> str:
     out = seq.text[seq.num_emitted_chars:end]
     seq.num_emitted_chars = end
     return out
+
+
+def fetch_sampled(sampled: SamplerOutput | None) -> tuple[list[int], list | None, list | None]:
+    """(tokens, logprobs or None, tops or None) on the host: the plain rows' device -> host sync."""
+    if sampled is None:
+        return [], None, None
+    lps = sampled.logprobs.tolist() if sampled.logprobs is not None else None
+    return sampled.token_ids.tolist(), lps, sampled_tops(sampled)
+
+
+def fetch_verified(res: Any) -> tuple[list[int], list[list[int]]]:
+    """(accepted count, emitted tokens) per verify row on the host: the verify rows' one sync."""
+    if res is None:
+        return [], []
+    both = torch.cat((res.num_accepted[:, None], res.output_tokens), dim=1).tolist()
+    return [r[0] for r in both], [r[1:] for r in both]
+
+
+def row_logprobs(lps: tuple, i: int, seq: Sequence, width: int) -> tuple[list, list]:
+    """The first `width` (logprob, tops) of verify row i, or Nones when it asked for none."""
+    chosen, tops = lps
+    if chosen is None or seq.params.logprobs is None:
+        return [None] * width, [None] * width
+    return chosen[i][:width], tops[i][:width] if tops is not None else [None] * width
+
+
+def merge_deltas(parts: list[RequestDelta]) -> RequestDelta:
+    """One delta for consecutive deltas of one request (tokens, text, times and logprobs in order)."""
+    first, last = parts[0], parts[-1]
+    return dataclasses.replace(
+        first, token_ids=tuple(t for p in parts for t in p.token_ids), text="".join(p.text for p in parts),
+        token_times_s=tuple(x for p in parts for x in p.token_times_s), finished=last.finished,
+        finish_reason=last.finish_reason, logprobs=tuple(x for p in parts for x in p.logprobs),
+        top_logprobs=tuple(x for p in parts for x in p.top_logprobs))
 
 
 def make_delta(seq: Sequence, tokens: tuple[int, ...], text: str, times: tuple[float, ...]) -> RequestDelta:

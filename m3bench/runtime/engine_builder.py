@@ -57,7 +57,7 @@ class EngineParts:
     tokenizer: Any  # the transformers tokenizer (the caller's, or tok's), or None
     spec: Any  # SpecConfig, or None
     draft: Any  # Eagle3Draft, or None
-    engine: Any  # the step loop: Engine, OverlapEngine or SpecEngine
+    engine: Any  # the step loop: Engine (with its SpecRunner under speculation) or OverlapEngine
     max_model_len: int
     tp: Any  # the tensor-parallel Driver of rank 0, or None at TP 1
     clock: StepClock  # times each engine step and the forwards in it (runtime/step_timing.py)
@@ -186,7 +186,8 @@ def _spec_engine(cfg, model, kv, bm, scheduler, sampler, spec, draft, tokenizer,
     from m3bench.runtime.speculative.setup import build_spec_engine
 
     engine = build_spec_engine(model, kv, bm, scheduler, sampler, tokenizer, eos, max_model_len, spec, draft,
-                               cfg.max_batch_size, cfg.max_num_tokens, cfg.cuda_graphs)  # captures its own graphs
+                               cfg.max_batch_size, cfg.max_num_tokens, cfg.cuda_graphs,  # captures its own graphs
+                               overlap=bool(cfg.async_scheduling))
     if tp is not None:  # the target's and the draft's calls then run on every rank
         from m3bench.runtime.distributed.mirror import mirror_spec_runner
 

@@ -77,7 +77,7 @@ class LLM:
         directory, or an Eagle3 draft already built; `synthetic_acceptance_length`; `tensor_parallel_size`);
         `config`: a ModelConfig or config directory; `tokenizer`: a transformers tokenizer. Defaults differ from
         EngineConfig's on purpose: CPU, float32, no CUDA graphs unless asked. `async_scheduling` None: overlap
-        on for CUDA without speculation or tensor parallelism."""
+        on for CUDA without tensor parallelism (with speculation too)."""
         prebuilt = Prebuilt(model=None if _is_dir_like(model) else model, model_config=config, tokenizer=tokenizer,
                             draft=None if _is_dir_like(speculative_model) else speculative_model)
         if prebuilt.model is not None:

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from m3bench.runtime.decode_state import PLACEHOLDER
-from m3bench.runtime.engine import Engine, RequestDelta, make_delta, sampled_tops
+from m3bench.runtime.engine import Engine, RequestDelta, fetch_sampled, make_delta
 from m3bench.runtime.sampler import SamplerOutput
 from m3bench.runtime.scheduler import ScheduledBatch
 from m3bench.runtime.sequence import FinishReason, Sequence
@@ -63,10 +63,10 @@ class OverlapEngine(Engine):
         return [make_delta(s, (), "", ()) for s in dropped] + deltas
 
     def _launch(self, batch: ScheduledBatch) -> Flight:
-        inputs, sampled = self._run_batch(batch)
-        host, done = to_host(sampled)
+        out = self._run_batch(batch)
+        host, done = to_host(out.sampled)
         finished = self._advance(batch)
-        return Flight(inputs.sample_seqs, host, done, finished)
+        return Flight(out.inputs.sample_seqs, host, done, finished)
 
     def _advance(self, batch: ScheduledBatch) -> list[Sequence]:
         """The step's K/V counts as computed (stream order: later steps see it); the scoring requests done."""
@@ -84,10 +84,7 @@ class OverlapEngine(Engine):
             flight.done.synchronize()
         deltas = []
         if flight.sampled is not None:
-            s = flight.sampled
-            tokens = s.token_ids.tolist()
-            lps = s.logprobs.tolist() if s.logprobs is not None else None
-            tops = sampled_tops(s)
+            tokens, lps, tops = fetch_sampled(flight.sampled)
             now = time.time()
             for i, seq in enumerate(flight.seqs):
                 delta = self._land_one(seq, tokens[i], now, lps and lps[i], tops and tops[i])
@@ -100,7 +97,7 @@ class OverlapEngine(Engine):
         if seq.finished:  # stopped one step earlier (this is the extra token), aborted or dropped
             return None
         self._commit_known(seq)
-        return self._append(seq, token, now, lp, top)
+        return self.land(seq, [token], now, [lp], [top])
 
     def _commit_known(self, seq: Sequence) -> None:
         """Register the computed full pages in the prefix cache, but only over tokens known on the host."""

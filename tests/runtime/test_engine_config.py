@@ -81,8 +81,8 @@ def test_resolve_on_a_cpu_machine():
 def test_resolve_on_a_cuda_machine():
     cfg = resolve(EngineConfig("ckpt"), TWO_GPUS)
     assert (cfg.device, cfg.dtype, cfg.cuda_graphs, cfg.async_scheduling) == ("cuda", DType.BFLOAT16, True, True)
-    spec = resolve(EngineConfig("ckpt", draft="d"), TWO_GPUS)  # speculation: graphs on, overlap off (not yet)
-    assert (spec.cuda_graphs, spec.async_scheduling) == (True, False)
+    spec = resolve(EngineConfig("ckpt", draft="d"), TWO_GPUS)  # speculation: graphs and overlap on
+    assert (spec.cuda_graphs, spec.async_scheduling) == (True, True)
     tp = resolve(EngineConfig("ckpt", tensor_parallel_size=2), TWO_GPUS)  # TP: neither yet
     assert (tp.cuda_graphs, tp.async_scheduling) == (False, False)
     off = resolve(EngineConfig("ckpt", cuda_graphs=False, async_scheduling=False, dtype="float16"), TWO_GPUS)
@@ -92,5 +92,5 @@ def test_resolve_on_a_cuda_machine():
         resolve(EngineConfig("ckpt", device="cuda:99"), TWO_GPUS)
     with pytest.raises(InputError, match="needs 3 CUDA devices"):
         resolve(EngineConfig("ckpt", device="cuda:1", tensor_parallel_size=2), TWO_GPUS)
-    with pytest.raises(InputError, match="async_scheduling is not supported with speculative"):
-        resolve(EngineConfig("ckpt", draft="d", async_scheduling=True), TWO_GPUS)
+    assert resolve(EngineConfig("ckpt", draft="d", async_scheduling=False), TWO_GPUS).async_scheduling is False
+    assert resolve(EngineConfig("ckpt", tensor_parallel_size=2, async_scheduling=True), TWO_GPUS).async_scheduling

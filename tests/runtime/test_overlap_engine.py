@@ -9,7 +9,6 @@ from engine_fixtures import EOS, SMALL_M3, random_prompts, small_model
 
 from m3bench.runtime.config import ModelConfig
 from m3bench.runtime.decode_state import PLACEHOLDER
-from m3bench.runtime.errors import InputError
 from m3bench.runtime.engine_config import DeviceFacts, EngineConfig, resolve
 from m3bench.runtime.llm import LLM, SamplingParams
 from m3bench.runtime.model import M3ForCausalLM
@@ -138,20 +137,17 @@ def test_stop_strings_and_streaming_text(tmp_path):
 
 
 def test_async_choice():
-    """Overlap's default (engine_config.resolve): on for CUDA only, off with speculation or TP; asked for with
-    either, an input error."""
+    """Overlap's default (engine_config.resolve): on for CUDA only (with speculation too), off with TP unless
+    asked for (tests/runtime/distributed/test_tp_overlap.py)."""
     def overlap(asked, device, **kw):
         facts = DeviceFacts(2 if device == "cuda" else 0)
         return resolve(EngineConfig("m", device=device, async_scheduling=asked, cuda_graphs=False, **kw), facts
                        ).async_scheduling
 
     assert overlap(None, "cuda") and not overlap(None, "cpu")  # default: CUDA only
-    assert not overlap(None, "cuda", draft="d") and not overlap(None, "cuda", tensor_parallel_size=2)
-    assert overlap(True, "cpu") and not overlap(False, "cuda")
-    with pytest.raises(InputError):
-        overlap(True, "cuda", draft="d")
-    with pytest.raises(InputError):
-        overlap(True, "cuda", tensor_parallel_size=2)
+    assert overlap(None, "cuda", draft="d") and not overlap(None, "cuda", tensor_parallel_size=2)
+    assert overlap(True, "cpu") and not overlap(False, "cuda") and overlap(True, "cpu", draft="d")
+    assert overlap(True, "cuda", tensor_parallel_size=2, draft="d")
 
 
 @pytest.mark.gpu

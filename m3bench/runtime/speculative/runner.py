@@ -1,11 +1,15 @@
-"""The one-model Eagle3 loop's device work: the target step with verify chunks, verification, drafting.
+"""One-model Eagle3 as the propose/verify strategy of the engine's step loop (Engine(..., spec=runner)):
+the target step with verify rows, verification, drafting.
 
     spec = SpecRunner(model, kv, bm, draft, layout, SpecConfig(...), capture_layers, max_tokens, generator)
     step = spec.prepare(batch)                 # verify rows run [last token, d_1..d_K]; others as scheduled
-    logits = spec.run_target(step)             # captures the residuals at the capture layers (no sync)
+    logits = spec.run(step, batch)             # captures the residuals at the capture layers (no sync)
     res = spec.verify(logits[:nv * (K + 1)], step)
-    ... the engine appends res's tokens and rolls lengths back ...
-    spec.propose(extends)                      # draft: extend over the newly verified tokens, chain K - 1 more
+    ... the engine lands res's tokens (Engine.land) and rolls lengths back ...
+    spec.propose(spec.extends(step))           # draft: extend over the newly verified tokens, chain K - 1 more
+
+With `drafts_on_device` (overlap) the chain's drafts are not read back: the next `prepare` takes them on
+the device, so the host schedules and builds the next step while the draft runs.
 
 Position contract (tests/runtime/speculative/test_spec_loop.py): the target's KV holds positions [0, L)
 and token L is known but not cached. A verify row runs tokens [t_L, d_1..d_K] at positions
@@ -28,6 +32,7 @@ import torch
 
 from m3bench.runtime.attention.metadata import AttnMetadata
 from m3bench.runtime.block_manager import BlockManager
+from m3bench.runtime.decode_state import PLACEHOLDER
 from m3bench.runtime.kv_cache import KVCache
 from m3bench.runtime.model import CaptureSpec
 from m3bench.runtime.scheduler import ScheduledBatch
@@ -39,41 +44,19 @@ from m3bench.runtime.speculative.propose import sample_draft
 from m3bench.runtime.speculative.stats import AcceptanceRecord
 from m3bench.runtime.speculative.synthetic import SyntheticAcceptance, force_acceptance
 from m3bench.runtime.step_timing import NO_CLOCK
+from m3bench.runtime.step_rows import Row, StepInputs, StepRows
 from m3bench.runtime.speculative.verify import (
-    VerifyResult, draw_uniforms, target_distribution, verify_greedy, verify_sampled,
+    VerifyResult, draw_uniforms, emitted_logprobs, target_distribution, verify_greedy, verify_sampled,
 )
-from m3bench.runtime.transfer import upload, upload_list
+from m3bench.runtime.transfer import upload_list
 
 
 @dataclass
 class DraftState:
-    drafts: list[int]  # target-vocabulary ids the next verify checks (empty: decode without drafts)
+    drafts: list[int]  # target-vocabulary ids the next verify checks (empty: decode without drafts);
+    #                    PLACEHOLDERs while they are still on the device (drafts_on_device)
     q: torch.Tensor | None = None  # [K, V] the distributions they were drawn from (sampled requests)
-
-
-@dataclass(frozen=True)
-class Row:
-    """One request in the target step."""
-
-    seq: Sequence
-    start: int  # num_computed before the step
-    length: int  # tokens run (1 + K for a verify row)
-    base: int  # index of its first token among the step's tokens
-    drafts: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class TargetStep:
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    meta: AttnMetadata
-    logits_idx: torch.Tensor  # verify rows' 1 + K each, then plain sample rows, then score rows
-    rows: list[Row]
-    verify: list[Row]
-    plain: list[Row]  # sampled by the engine's sampler (prefill ends, requests under min_tokens)
-    draft_tokens: torch.Tensor  # [len(verify), K]
-    score_targets: torch.Tensor
-    score_counts: list[tuple[Sequence, int]]
+    tokens: torch.Tensor | None = None  # [K] the drafts on the device (drafts_on_device), else None
 
 
 @dataclass(frozen=True)
@@ -109,6 +92,7 @@ class SpecRunner:
         self.states: dict[int, DraftState] = {}
         self.records: dict[int, AcceptanceRecord] = {}
         self.graphs = None  # SpecGraphs (speculative/graphs.py): captured verify and chain steps, or eager
+        self.drafts_on_device = False  # overlap: the drafts stay on the device, no sync after the chain
 
     def release(self, seq: Sequence) -> None:
         """The target freed the request's pages (finish, abort, preemption): its draft state goes too."""
@@ -119,33 +103,22 @@ class SpecRunner:
         return self.records.setdefault(seq.request_id, AcceptanceRecord())
 
     # ---- target step ---------------------------------------------------------------------------
-    def prepare(self, batch: ScheduledBatch) -> TargetStep:
-        h = _HostStep()
+    def prepare(self, batch: ScheduledBatch) -> StepInputs:
+        rows = StepRows()
         for seq, n in zip(batch.seqs, batch.num_tokens):
             st = self.states.get(seq.request_id)
-            drafts = st.drafts if st is not None and seq.num_to_compute == 1 else []
-            h.add(seq, n, drafts)
-        return self._to_device(batch, h)
+            rows.add(seq, n, st.drafts if st is not None and seq.num_to_compute == 1 else ())
+        fill = self._device_drafts if self.drafts_on_device else None  # the drafts the last chain left there
+        return rows.to_device(batch, self.bm, self.device, self.K, draft_tokens=fill)
 
-    def _to_device(self, batch: ScheduledBatch, h: "_HostStep") -> TargetStep:
-        T, B = len(h.ids), len(h.seq_lens)
-        idx = h.verify_idx + h.plain_idx + h.score_idx
-        host = torch.tensor(h.ids + h.pos + h.rows + h.starts + h.seq_lens + idx + h.targets + h.drafts,
-                            dtype=torch.int64)
-        dev = upload(host, self.device)
-        ids, pos, rows, qsl, lens, lidx, tgt, drafts = dev.split(
-            [T, T, T, B + 1, B, len(idx), len(h.targets), len(h.drafts)])
-        self.bm.flush()
-        P = self.bm.P
-        slots = self.bm.table[rows, pos // P].long() * P + pos % P
-        meta = AttnMetadata(query_start_loc=qsl.int(), seq_lens=lens.int(),
-                            block_tables=self.bm.rows_view(batch.seqs, -(-max(h.seq_lens) // P)),
-                            slot_mapping=slots, positions=pos, query_lens_host=h.q_lens, seq_lens_host=h.seq_lens)
-        return TargetStep(ids, pos, meta, lidx, h.row_list, h.verify, h.plain, drafts.view(-1, self.K), tgt,
-                          h.counts)
+    def _device_drafts(self, verify: list[Row]) -> torch.Tensor:
+        return torch.stack([self.states[r.seq.request_id].tokens for r in verify])
+
+    def run(self, step: StepInputs, batch: ScheduledBatch) -> torch.Tensor:
+        return self.run_target(step)
 
     @torch.inference_mode()
-    def run_target(self, step: TargetStep) -> torch.Tensor:
+    def run_target(self, step: StepInputs) -> torch.Tensor:
         """Logits [N, V] float32 of step.logits_idx; the capture-layer residuals land in the buffer."""
         with self.clock.forward():
             if self.graphs is not None and self.graphs.fits_verify(step):
@@ -155,7 +128,7 @@ class SpecRunner:
 
     # ---- verification --------------------------------------------------------------------------
     @torch.inference_mode()
-    def verify(self, logits: torch.Tensor, step: TargetStep) -> VerifyResult:
+    def verify(self, logits: torch.Tensor, step: StepInputs) -> VerifyResult:
         """Accepted counts and emitted tokens of the verify rows ([nv * (K + 1), V] logits)."""
         seqs = [r.seq for r in step.verify]
         target = logits.view(len(seqs), self.K + 1, -1)
@@ -166,17 +139,16 @@ class SpecRunner:
             captured = self.graphs.greedy_result(step) if self.graphs is not None else None
             return captured if captured is not None else verify_greedy(target, step.draft_tokens, num_draft)
         p = target_distribution(target, [s.params for s in seqs])
-        q = torch.stack([self._draft_probs(r, p.shape[-1]) for r in step.verify])
+        q = torch.stack([self._draft_probs(r, d, p.shape[-1]) for r, d in zip(step.verify, step.draft_tokens)])
         u = draw_uniforms([self.K] * len(seqs), self.K, [s.generator for s in seqs], self.generator, self.device)
         greedy = torch.tensor([s.params.greedy for s in seqs], device=self.device)
         return verify_sampled(p, q, step.draft_tokens, num_draft, greedy, u)
 
-    def _draft_probs(self, row: Row, vocab: int) -> torch.Tensor:
+    def _draft_probs(self, row: Row, drafts: torch.Tensor, vocab: int) -> torch.Tensor:
         q = self.states[row.seq.request_id].q
         if q is not None:
             return q
-        ids = torch.tensor(row.drafts, device=self.device)  # greedy drafts: one-hot (unused by greedy rows)
-        return torch.nn.functional.one_hot(ids, vocab).float()
+        return torch.nn.functional.one_hot(drafts, vocab).float()  # greedy drafts: one-hot (unused by greedy rows)
 
     def _target_picks(self, target: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """[B, K+1] the target's own token at each position: argmax, or a draw for sampled requests."""
@@ -188,7 +160,24 @@ class SpecRunner:
         greedy = torch.tensor([s.params.greedy for s in seqs], device=self.device)[:, None]
         return torch.where(greedy, picks, drawn)
 
+    def verify_logprobs(self, logits: torch.Tensor, step: StepInputs, res: VerifyResult) -> tuple:
+        return emitted_logprobs(logits, [r.seq.params for r in step.verify], res)
+
     # ---- drafting ------------------------------------------------------------------------------
+    def extends(self, step: StepInputs) -> list[Extend]:
+        """The draft's work once the step landed: every unfinished generating request extends over its
+        newly verified positions; those that sampled (verify and plain rows) propose K drafts too."""
+        sampled = {id(r) for r in step.plain}
+        out = []
+        for row in step.rows:
+            seq = row.seq
+            if seq.is_score or seq.finished:
+                continue
+            propose = (bool(row.drafts) or id(row) in sampled) and eligible(seq)
+            feature_rows = list(range(row.base, row.base + seq.num_computed - row.start))
+            out.append(Extend(seq, row.start, seq.num_computed, feature_rows, propose))
+        return out
+
     @torch.inference_mode()
     def propose(self, extends: list[Extend]) -> None:
         """Extend the draft's KV over the newly verified positions; chain K drafts for proposing rows."""
@@ -237,6 +226,11 @@ class SpecRunner:
         self._store_drafts(seqs, torch.stack(toks, dim=1), torch.stack(qs, dim=1) if qs[0] is not None else None)
 
     def _store_drafts(self, seqs: list[Sequence], toks: torch.Tensor, probs: torch.Tensor | None) -> None:
+        if self.drafts_on_device:  # no sync: the next step schedules and builds while the chain runs
+            held = [PLACEHOLDER] * self.K
+            for i, seq in enumerate(seqs):
+                self.states[seq.request_id] = DraftState(held, None if probs is None else probs[i], toks[i])
+            return
         drafts = toks.tolist()  # the draft phase's one device -> host sync
         for i, seq in enumerate(seqs):
             self.states[seq.request_id] = DraftState(drafts[i], None if probs is None else probs[i])
@@ -255,53 +249,6 @@ class SpecRunner:
             return self.draft.to_target_ids(logits.argmax(-1)), None
         s = sample_draft(logits, [x.params.temperature for x in seqs], [x.generator for x in seqs], self.generator)
         return self.draft.to_target_ids(s.token_ids), self.draft.probs_to_target(s.probs)
-
-
-class _HostStep:
-    """Host lists of one target step, filled request by request."""
-
-    def __init__(self) -> None:
-        self.ids: list[int] = []
-        self.pos: list[int] = []
-        self.rows: list[int] = []
-        self.starts, self.seq_lens, self.q_lens = [0], [], []
-        self.verify_idx, self.plain_idx, self.score_idx, self.targets, self.drafts = [], [], [], [], []
-        self.row_list: list[Row] = []
-        self.verify: list[Row] = []
-        self.plain: list[Row] = []
-        self.counts: list[tuple[Sequence, int]] = []
-
-    def add(self, seq: Sequence, n: int, drafts: list[int]) -> None:
-        start, base = seq.num_computed, len(self.ids)
-        chunk = seq.token_slice(start, start + n) + list(drafts)
-        row = Row(seq, start, len(chunk), base, tuple(drafts))
-        self.ids += chunk
-        self.pos += range(start, start + len(chunk))
-        self.rows += [seq.row] * len(chunk)
-        self.seq_lens.append(start + len(chunk))
-        self.q_lens.append(len(chunk))
-        self.starts.append(len(self.ids))
-        self.row_list.append(row)
-        lo, hi = max(start, seq.logprob_from - 1), min(start + n, len(seq.prompt_ids) - 1)
-        if seq.is_score or (seq.logprob_from >= 0 and hi > lo):  # scored prompt rows (prompt logprobs too)
-            self._score(seq, start, lo, hi, base)
-        if not seq.is_score and start + n == seq.num_tokens:
-            self._sample(row)
-
-    def _sample(self, row: Row) -> None:
-        if row.drafts:
-            self.verify.append(row)
-            self.verify_idx += range(row.base, row.base + row.length)
-            self.drafts += row.drafts
-        else:
-            self.plain.append(row)
-            self.plain_idx.append(row.base + row.length - 1)
-
-    def _score(self, seq: Sequence, start: int, lo: int, hi: int, base: int) -> None:
-        """Rows lo..hi-1 of the chunk starting at `start` score the next prompt token (the plain engine's rule)."""
-        self.score_idx += range(base + lo - start, base + hi - start)
-        self.targets += seq.token_slice(lo + 1, hi + 1)
-        self.counts.append((seq, max(hi - lo, 0)))
 
 
 class _HostDraft:

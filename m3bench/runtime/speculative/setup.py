@@ -1,4 +1,5 @@
-"""Wiring speculation into the engine: the draft, its KV layout, the scheduler's look-ahead, the SpecEngine.
+"""Wiring speculation into the engine: the draft, its KV layout, the scheduler's look-ahead, the engine with
+its SpecRunner strategy.
 
     spec = SpecConfig(draft_dir=Path("eagle3"), draft_len=3, draft_kv=DraftKVLayout.SHARED)
     draft = load_draft(spec.draft_dir, model)                     # or an Eagle3Draft already built
@@ -88,23 +89,25 @@ def make_layout(spec: SpecConfig, draft: Eagle3Draft, kv: Any, bm: Any, max_batc
 
 
 def build_spec_engine(model, kv, bm, scheduler, sampler, tokenizer, eos_ids, max_model_len: int, spec: SpecConfig,
-                      draft: Eagle3Draft, max_batch_size: int, max_num_tokens: int, graphs: bool = False):
+                      draft: Eagle3Draft, max_batch_size: int, max_num_tokens: int, graphs: bool = False,
+                      overlap: bool = False):
     """`graphs`: capture the verify and chain steps (speculative/graphs.py); the target's scratch page is
-    page bm.num_blocks of kv (the caller allocated it)."""
-    from m3bench.runtime.engine import ModelRunner
+    page bm.num_blocks of kv (the caller allocated it). `overlap`: the drafts stay on the device (no
+    sync after the chain; the next step is built while it runs)."""
+    from m3bench.runtime.engine import Engine, ModelRunner
     from m3bench.runtime.speculative.runner import SpecRunner
-    from m3bench.runtime.speculative.spec_engine import SpecEngine
 
     layers = spec.resolved_capture_layers(model.cfg.num_layers, draft.cfg)
     layout = make_layout(spec, draft, kv, bm, max_batch_size, graphs)
     scheduler.lookahead_tokens, scheduler.draft_tokens = lookahead_tokens(spec), spec.draft_len
     capacity = max_num_tokens + max_batch_size * (spec.draft_len + 1)
     runner = SpecRunner(model, kv, bm, draft, layout, spec, layers, capacity, sampler.generator)
+    runner.drafts_on_device = overlap
     bm.on_free.append(runner.release)
     if graphs:
         runner.graphs = capture_spec_graphs(runner, bm.num_blocks, max_batch_size)
-    return SpecEngine(ModelRunner(model, kv, bm, model.device), scheduler, sampler, tokenizer, eos_ids,
-                      max_model_len, runner)
+    return Engine(ModelRunner(model, kv, bm, model.device), scheduler, sampler, tokenizer, eos_ids, max_model_len,
+                  spec=runner)
 
 
 def capture_spec_graphs(runner: Any, scratch_page: int, max_batch_size: int):

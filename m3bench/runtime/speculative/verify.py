@@ -123,3 +123,20 @@ def verify_sampled(target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_
     exact = verify_greedy(target_probs, draft_tokens, num_draft)
     return VerifyResult(num_accepted=torch.where(greedy, exact.num_accepted, sampled.num_accepted),
                         output_tokens=torch.where(greedy[:, None], exact.output_tokens, sampled.output_tokens))
+
+
+def emitted_logprobs(logits: torch.Tensor, params: Sequence[SamplingParams], res: VerifyResult
+                     ) -> tuple[list | None, list | None]:
+    """Per verify row and position: the emitted token's logprob (and the top n), when any row asks
+    (logits [rows (1 + K), V], params per row)."""
+    wanted = [p.logprobs for p in params if p.logprobs is not None]
+    if not wanted:
+        return None, None
+    lp = torch.log_softmax(logits.float(), dim=-1).view(len(params), -1, logits.shape[-1])
+    chosen = lp.gather(-1, res.output_tokens.clamp(min=0)[..., None])[..., 0].tolist()
+    n = max(wanted)
+    if n == 0:
+        return chosen, None
+    top_lp, top_ids = lp.topk(min(n, lp.shape[-1]), dim=-1)
+    tops = [[list(zip(i, v)) for i, v in zip(ri, rv)] for ri, rv in zip(top_ids.tolist(), top_lp.tolist())]
+    return chosen, tops

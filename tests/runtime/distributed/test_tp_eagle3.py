@@ -5,18 +5,14 @@ step's draft proposals and the acceptance counts equal TP 1's."""
 from __future__ import annotations
 
 import pytest
-from tp_helpers import P, random_prompts, tiny_checkpoint
+from tp_helpers import P, checkpoint_and_draft, random_prompts
 
 from m3bench.runtime import LLM, SamplingParams
-from m3bench.runtime.speculative.tiny_draft import write_tiny_draft
 
 
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
-    target = tiny_checkpoint(tmp_path_factory.mktemp("tp_eagle_target"))
-    draft = tmp_path_factory.mktemp("tp_eagle_draft")
-    write_tiny_draft(draft, target, seed=3)
-    return target, draft
+    return checkpoint_and_draft(tmp_path_factory.mktemp("tp_eagle"))
 
 
 def _run(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> tuple[list[list[int]], list[dict]]:

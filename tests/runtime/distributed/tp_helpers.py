@@ -44,3 +44,12 @@ def init_gloo(rank: int, world: int, port: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
+
+
+def checkpoint_and_draft(root: Path) -> tuple[Path, Path]:
+    """A tiny TP checkpoint under root/target and a random Eagle3 draft for it under root/draft."""
+    from m3bench.runtime.speculative.tiny_draft import write_tiny_draft
+
+    target = tiny_checkpoint(root / "target")
+    write_tiny_draft(root / "draft", target, seed=3)
+    return target, root / "draft"

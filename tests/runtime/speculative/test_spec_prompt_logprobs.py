@@ -44,13 +44,14 @@ def test_score_requests_beside_generation_equal_the_plain_engine(pair):
     assert spec.spec_stats([got[1].request_id]).drafts > 0  # the generating request did speculate
 
 
-def test_prompt_logprobs_with_generation_under_speculation_equal_the_plain_engine(pair):
+@pytest.mark.parametrize("overlap", [False, True])
+def test_prompt_logprobs_with_generation_under_speculation_equal_the_plain_engine(pair, overlap):
     """Prompt logprobs of a generating request (echo with max_tokens > 0) are scored on its prefill rows, the
-    generation still speculates, and both equal the plain engine's."""
+    generation still speculates, and both equal the plain engine's (overlap: drafts kept on the device)."""
     target, draft = pair
     plain = LLM(str(target), device="cpu", dtype="float32", tokens_per_block=16, max_num_tokens=64)
     spec = LLM(str(target), device="cpu", dtype="float32", tokens_per_block=16, max_num_tokens=64,
-               speculative_model=draft, draft_len=3)
+               speculative_model=draft, draft_len=3, async_scheduling=overlap)
     prompts = _prompts(11)  # 140 tokens > max_num_tokens: a chunked prefill
     params = SamplingParams(max_tokens=8, prompt_logprobs=1)
     want, got = plain.generate(prompts, params), spec.generate(prompts, params)
