@@ -247,11 +247,11 @@ def default_cuda_graphs(cuda: bool, cfg: EngineConfig) -> bool:
 
 
 def default_overlap(cuda: bool, cfg: EngineConfig) -> bool:
-    """Overlap scheduling: on for CUDA at TP 1 (1.09-1.19x decode tok/s on the H200 with identical tokens,
-    benchmarks/overlap_speed.py; with speculation the drafts stay on the device and the next step is
-    built while the draft runs, identical tokens too); off on CPU (nothing to overlap); at TP > 1 only
-    when asked (lossless on CPU ranks, not measured on GPUs yet)."""
-    return cuda and cfg.tensor_parallel_size == 1
+    """Overlap scheduling: on for CUDA at TP 1 without speculation (1.09-1.19x decode tok/s on the H200 with
+    identical tokens, benchmarks/overlap_speed.py); off on CPU (nothing to overlap). With speculation (the
+    drafts stay on the device, the next step is built while the draft runs: lossless on CPU) and at TP > 1
+    (lossless on CPU ranks) only when asked (--async-scheduling): neither has run on a GPU yet."""
+    return cuda and cfg.tensor_parallel_size == 1 and cfg.draft is None
 
 
 def check_modes(c: EngineConfig) -> None:
