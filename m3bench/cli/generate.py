@@ -59,7 +59,6 @@ def run_generate(model: Path, prompt, prompt_ids, chat: bool, max_tokens: int, t
     validate.finite(top_p, "--top-p")
     if not model.is_dir():
         raise M3BenchError(f"model directory {model} does not exist")
-    from m3bench.runtime.fit_check import EngineFit, check_engine_fits
     from m3bench.runtime.llm import LLM, SamplingParams
 
     llm = LLM.from_config(cfg)

@@ -45,7 +45,7 @@ def build_model(cfg: EngineConfig, device: torch.device, tp: Any = None, model_c
 
     mcfg = model_config_of(cfg, model_config)
     m = M3ForCausalLM(mcfg, dtype=torch_dtype(cfg.dtype), device=device, tp=tp,
-                      weights=linear_format_for(mcfg, cfg.weights_dtype.value))
+                      weights=linear_format_for(mcfg, cfg.weights_dtype))
     if cfg.load_format is LoadFormat.DUMMY:
         m.init_dummy(cfg.seed)
     else:
@@ -57,7 +57,7 @@ def build_model(cfg: EngineConfig, device: torch.device, tp: Any = None, model_c
     return m
 
 
-def linear_format_for(cfg: ModelConfig, weights_dtype: str) -> LinearFormat:
+def linear_format_for(cfg: ModelConfig, weights_dtype: Any) -> LinearFormat:
     """The linear layers' format: MXFP8 / NVFP4 experts where the runtime keeps the checkpoint's weights natively."""
     from m3bench.runtime.fit_check import resident_format
     from m3bench.runtime.memory_plan import WeightFormat

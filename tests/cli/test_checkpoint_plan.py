@@ -81,7 +81,8 @@ def test_serve_sweep_and_accuracy_engines_refuse_with_the_plan(too_big):
 
 
 def test_engine_check_passes_the_tiny_checkpoint(tiny_ckpt):
-    from m3bench.runtime.fit_check import EngineFit, check_engine_fits
+    from m3bench.runtime.engine_config import DeviceFacts, EngineConfig, resolve
+    from m3bench.runtime.fit_check import check_config_fits
 
-    plan = check_engine_fits(tiny_ckpt, EngineFit())
+    plan = check_config_fits(resolve(EngineConfig(tiny_ckpt, device="cpu"), DeviceFacts(0)))
     assert plan.fits and plan.settings.dtype_bytes == 4 and plan.max_model_len == 2048
