@@ -185,21 +185,22 @@ def _run_plans(opts: Options, plans: list) -> int:
 
     if not plans:
         raise M3BenchError("--task names no task")
-    for plan in plans:  # a missing or malformed reference, or bad data, is exit 2 before the model loads
+    data = []  # a missing or malformed reference, or bad data, is exit 2 before the model loads
+    for plan in plans:
         resolve_reference(plan, get_protocol(plan.task))
-        load_splits(get_protocol(plan.task), plan.settings, plan.data_dir)
+        data.append(load_splits(get_protocol(plan.task), plan.settings, plan.data_dir))
     backend = _backend(opts)
     try:
-        summaries = [_run_one(plan, backend, opts) for plan in plans]
+        summaries = [_run_one(plan, backend, opts, splits) for plan, splits in zip(plans, data)]
     finally:
         backend.close()
     return _finish(opts, summaries, plans[0].model_id)
 
 
-def _run_one(plan, backend, opts: Options) -> dict[str, Any]:
+def _run_one(plan, backend, opts: Options, splits: dict) -> dict[str, Any]:
     from m3bench.evals.runner import run_task
 
-    summary, paths = run_task(plan, backend, progress=opts.progress)
+    summary, paths = run_task(plan, backend, progress=opts.progress, splits=splits)
     print(paths.summary, flush=True)
     return summary
 

@@ -49,10 +49,12 @@ class RunPlan:
     sequential_batch: int | None = None  # --sequential: SPRT after every this many items (None: fixed sample)
 
 
-def run_task(plan: RunPlan, backend: Backend, progress: bool = True) -> tuple[dict[str, Any], RunPaths]:
+def run_task(plan: RunPlan, backend: Backend, progress: bool = True,
+             splits: dict[str, Split] | None = None) -> tuple[dict[str, Any], RunPaths]:
+    """`splits`: load_splits' result when the caller already read the data (None: read it here)."""
     protocol = get_protocol(plan.task)
     reference = resolve_reference(plan, protocol)  # before any compute: a missing reference is exit 2
-    splits = load_splits(protocol, plan.settings, plan.data_dir)
+    splits = load_splits(protocol, plan.settings, plan.data_dir) if splits is None else splits
     items = protocol.build_items(splits, plan.settings)
     baseline = resolve_baseline(plan, protocol, items)  # before any compute: different items are exit 2
     weights = model_weights(plan)

@@ -83,3 +83,20 @@ def test_model_id_and_run_spec_resolution(tmp_path):
     spec = run_spec(opts, None)
     assert (spec.quant_algo, spec.kv_cache_quant_algo, spec.spec_dec_algo, spec.extra_acc_spec) == (
         "NVFP4", "FP8", "Eagle3", "attention_dp")
+
+
+def test_a_run_reads_its_data_once(tiny, tmp_path, monkeypatch):
+    """The splits checked before the model loads are the ones the run scores (one read, one notice)."""
+    from typer.testing import CliRunner
+
+    from m3bench.cli.main import app
+    from m3bench.evals import runner
+
+    reads = []
+    real = runner.load_split
+    monkeypatch.setattr(runner, "load_split", lambda *a, **k: reads.append(a[:2]) or real(*a, **k))
+    r = CliRunner().invoke(app, ["accuracy", "--model", str(tiny), "--model-id", "m3bench/tiny-m3", "--task", "gsm8k",
+                                 "--num-fewshot", "0", "--limit", "2", "--max-tokens", "4", "--no-reference",
+                                 "--data-dir", str(SHARED), "--out", str(tmp_path / "out"), "--no-progress"])
+    assert r.exit_code == 0, r.output
+    assert len(reads) == 1 and reads[0][1] == "test"
