@@ -83,19 +83,22 @@ def _run(o: dict[str, Any]) -> int:
     return EXIT_REGRESSION if summary["verdict"] == "fail" else EXIT_OK
 
 
-SMOKE_LIMIT = 16  # chat-GSM8K questions of the smoke run (references/acceptance_length.yaml: m3bench/tiny-m3)
+SMOKE_LIMIT = 16  # held-out chat-GSM8K questions of the smoke run (acceptance_length.yaml: m3bench/tiny-m3-skill)
+SMOKE_MAX_TOKENS = 128
 
 
 def _smoke(o: dict[str, Any]) -> dict[str, Any]:
-    """No --model: the embedded tiny checkpoint and the distilled draft shipped for it, on CPU in fp32."""
-    from m3bench.cli.accuracy import TINY_MODEL_ID, ensure_tiny_checkpoint, smoke_engine
-    from m3bench.runtime.speculative.tiny_draft import shipped_tiny_eagle3
+    """No --model: the shipped trained tiny checkpoint and its distilled draft, on CPU in fp32, on the held-out
+    GSM8K split of the task set they were trained on (--data-dir replaces it)."""
+    from m3bench.cli.accuracy import SMOKE_MODEL_ID, smoke_data_dir, smoke_engine
+    from m3bench.runtime.tiny_skill import shipped_tiny_skill, shipped_tiny_skill_eagle3
 
     if o["engine"].draft is not None:
         raise M3BenchError("--draft needs --model (without both: the smoke run on the tiny checkpoint)")
-    engine = replace(smoke_engine(o["engine"]), draft=shipped_tiny_eagle3())
-    return {**o, "model": ensure_tiny_checkpoint(), "engine": engine, "model_id": TINY_MODEL_ID,
-            "limit": o["limit"] or SMOKE_LIMIT}
+    engine = replace(smoke_engine(o["engine"]), draft=shipped_tiny_skill_eagle3())
+    return {**o, "model": shipped_tiny_skill(), "engine": engine, "model_id": SMOKE_MODEL_ID,
+            "limit": o["limit"] or SMOKE_LIMIT, "max_tokens": o["max_tokens"] or SMOKE_MAX_TOKENS,
+            "data_dir": o["data_dir"] or smoke_data_dir()}
 
 
 def _check(o: dict[str, Any]) -> None:

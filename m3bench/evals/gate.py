@@ -3,6 +3,9 @@
     scale     = sqrt(2 sigma^2 / n)
     threshold = ref + Phi^-1(alpha) * scale           (pass when score >= threshold)
     theta     = -(Phi^-1(alpha) + Phi^-1(beta)) * scale   (smallest regression detected with power 1-beta)
+
+A golden of a deterministic smoke run may also carry a `ceiling`: a score above it means the run no longer
+measures what the golden did (a changed prompt, a leaked answer), which fails the gate too.
 """
 
 from __future__ import annotations
@@ -32,9 +35,11 @@ class Gate:
     sigma: float
     alpha: float
     beta: float
+    ceiling: float | None = None  # goldens of deterministic runs: fail above it too
 
     def verdict(self, score: float) -> Verdict:
-        return Verdict.PASS if score >= self.threshold else Verdict.FAIL
+        above = self.ceiling is not None and score > self.ceiling
+        return Verdict.PASS if score >= self.threshold and not above else Verdict.FAIL
 
 
 def sigma_from_reference(reference: float) -> float:
@@ -50,8 +55,10 @@ def make_gate(
     alpha: float = DEFAULT_ALPHA,
     beta: float = DEFAULT_BETA,
     floor: float | None = None,
+    ceiling: float | None = None,
 ) -> Gate:
-    """The gate for n samples; an explicit `floor` (the reference entry's `threshold`) replaces the computed one."""
+    """The gate for n samples; an explicit `floor` (the reference entry's `threshold`) replaces the computed one;
+    `ceiling` (a golden's) fails scores above it."""
     if n <= 0:
         raise ValueError("a gate needs at least one sample")
     z = NormalDist()
@@ -60,4 +67,4 @@ def make_gate(
     theta = -(z.inv_cdf(alpha) + z.inv_cdf(beta)) * scale
     if floor is not None:
         threshold = floor
-    return Gate(reference, n, threshold, theta, sigma, alpha, beta)
+    return Gate(reference, n, threshold, theta, sigma, alpha, beta, ceiling)

@@ -16,8 +16,10 @@ def _case(summary: dict[str, Any], model_id: str) -> JUnitCase:
     if summary.get("paired"):
         return _paired_case(summary, cls, name, line)
     if summary["verdict"] == "fail":
+        ceiling = summary.get("ceiling")
+        why = f"> ceiling {ceiling:.2f}" if ceiling is not None and summary["score"] > ceiling else f"< threshold {threshold:.2f}"
         return JUnitCase(cls, name, f"reference {summary['reference']}\ntheta {summary['theta']:.2f}",
-                         failure=f"{line} < threshold {threshold:.2f}", failure_type="AccuracyRegression")
+                         failure=f"{line} {why}", failure_type="AccuracyRegression")
     if summary["verdict"] == "no_reference":
         return JUnitCase(cls, name, skipped=f"{line}; not gated (--no-reference)")
     return JUnitCase(cls, name, f"{line} >= threshold {threshold:.2f}")

@@ -25,7 +25,8 @@ SPEC_KEYS = ("quant_algo", "kv_cache_quant_algo", "spec_dec_algo", "extra_acc_sp
 PROTOCOL_KEYS = ("protocol", "protocol_version", "num_fewshot", "chat", "max_tokens")
 REQUIRED_PROTOCOL_KEYS = ("protocol", "protocol_version", "num_fewshot", "chat")
 ACCEPTANCE_PROTOCOL_KEYS = ("protocol", "draft_len")
-ACCURACY_KEYS = frozenset({"accuracy", "alpha", "beta", "sigma", "num_samples", "threshold", "reference_note", "source"})
+ACCURACY_KEYS = frozenset({"accuracy", "alpha", "beta", "sigma", "num_samples", "threshold", "ceiling", "reference_note",
+                           "source"})
 ACCEPTANCE_KEYS = frozenset({"ref_al", "min_al", "acceptance_rate", "num_samples", "reference_note", "source"})
 SIGMA_FROM_REFERENCE = "from_reference"
 
@@ -83,10 +84,11 @@ class AccuracyReference:
     threshold: float | None = None  # explicit floor, replaces the computed threshold
     reference_note: str | None = None
     source: str | None = None  # where the figure comes from (seed test, golden smoke run)
+    ceiling: float | None = None  # a golden of a deterministic run: scores above it fail too
 
     def gate(self, n: int) -> Gate:
         sigma = sigma_from_reference(self.accuracy) if self.sigma == SIGMA_FROM_REFERENCE else float(self.sigma)
-        return make_gate(self.accuracy, n, sigma, self.alpha, self.beta, self.threshold)
+        return make_gate(self.accuracy, n, sigma, self.alpha, self.beta, self.threshold, self.ceiling)
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("spec", "protocol")}

@@ -1,6 +1,7 @@
 """A synthetic task set rendered exactly in the GSM8K and MMLU formats (for a tiny model with real skill).
 
     write_task_set(Path("data/synthetic"), seed=0)      # gsm8k/{train,test}.jsonl, mmlu/{train,dev,test}.jsonl
+    cached_task_set(shipped_task_set())                 # the shipped tiny model's set, under ~/.cache/m3bench
     m3bench accuracy --model tiny-skill --data-dir data/synthetic --task gsm8k --num-fewshot 0
 
 GSM8K-format items are multi-step arithmetic word problems whose solutions use GSM8K's calculator
@@ -12,17 +13,22 @@ question with the training split.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import random
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from m3bench.evals.datasets import GsmRow, MmluRow
+from m3bench.evals.datasets import GsmRow, MmluRow, cache_dir
+from m3bench.runtime.tiny_skill import TaskSetId
 
 NAMES = ("Ann", "Ben", "Cara", "Dev", "Eli", "Fay", "Gus", "Hana", "Ivo", "Jun", "Kim", "Leo", "Mia", "Noor")
 THINGS = ("apples", "pens", "books", "stamps", "shells", "cards", "coins", "marbles", "eggs", "plums")
 SPLIT_SALT = {"train": 0, "test": 1, "dev": 2}
+FILES = ("gsm8k/train.jsonl", "gsm8k/test.jsonl", "mmlu/train.jsonl", "mmlu/test.jsonl", "mmlu/dev.jsonl")
 
 
 @dataclass(frozen=True)
@@ -167,3 +173,30 @@ def read_train_rows(dest: Path) -> tuple[list[GsmRow], list[MmluRow]]:
     mmlu = [MmluRow(r["subject"], r["question"], tuple(r["choices"]), r["answer"])
             for r in rows(Path(dest) / "mmlu" / "train.jsonl")]
     return gsm, mmlu
+
+
+def file_sha256s(dest: Path) -> dict[str, str]:
+    """sha256 of every file write_task_set writes, by its path under dest."""
+    return {name: hashlib.sha256((Path(dest) / name).read_bytes()).hexdigest() for name in FILES}
+
+
+def cached_task_set(ident: TaskSetId, root: Path | None = None) -> Path:
+    """The task set `ident` names, written once under root (default ~/.cache/m3bench/synthetic) and checked
+    against its recorded sha256 (a mismatch means this generator no longer makes the set: RuntimeError)."""
+    sizes = TaskSetSizes(**ident.sizes)
+    tag = hashlib.sha256(json.dumps(asdict(sizes), sort_keys=True).encode()).hexdigest()[:12]
+    dest = (cache_dir() / "synthetic" if root is None else Path(root)) / f"seed{ident.seed}-{tag}"
+    if all((dest / name).is_file() for name in FILES):
+        return dest
+    tmp = dest.with_name(f"{dest.name}.tmp-{os.getpid()}")
+    written = file_sha256s(write_task_set(tmp, ident.seed, sizes))
+    wrong = sorted(k for k, v in ident.sha256.items() if written.get(k) != v)
+    if wrong:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise RuntimeError(f"the synthetic task set of seed {ident.seed} no longer matches its recorded sha256 "
+                           f"({', '.join(wrong)}): evals/synthetic.py changed since the shipped model was trained")
+    try:
+        tmp.rename(dest)
+    except OSError:  # another process wrote it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest

@@ -1,0 +1,124 @@
+"""Faults injected into the runtime and the evals turn the smoke run's verdict against the goldens of the
+shipped trained tiny model (m3bench/tiny-m3-skill) into exit 1; the unbroken run exits 0.
+
+Each fault is its own `m3bench accuracy` run (in process, so that monkeypatch reaches it) with the smoke
+defaults (no --model: the shipped checkpoint and the held-out synthetic splits) on a FAULT_LIMIT prefix of
+the golden's items; the task set is generated once for the module. The goldens are deterministic CPU fp32
+figures with a floor and a ceiling two items away (references/*.yaml): a run that no longer measures what
+the golden did fails either way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from typer.testing import CliRunner
+
+from m3bench.cli.main import app
+from m3bench.evals.backends.runtime import RuntimeBackend
+from m3bench.evals.protocols import gsm8k, mmlu
+from m3bench.runtime.engine import ModelRunner
+from m3bench.runtime.sampler import Sampler
+
+pytestmark = pytest.mark.slow
+FAULT_TASKS = {"mmlu": "mmlu", "gsm8k": "gsm8k"}  # placeholder, set below from the goldens
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    root = tmp_path_factory.mktemp("smoke-cache")
+    from m3bench.cli.accuracy import smoke_data_dir
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("M3BENCH_CACHE", str(root))
+        smoke_data_dir()  # the task set, once for the module
+    return root
+
+
+def smoke(cache, tmp_path, monkeypatch, *args: str) -> int:
+    monkeypatch.setenv("M3BENCH_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    res = CliRunner().invoke(app, ["accuracy", "--out", str(tmp_path / "out"), "--no-progress", *args])
+    assert res.exit_code in (0, 1), res.output
+    return res.exit_code
+
+
+class Fired:
+    """Counts the calls in which a fault changed something (a fault that never fires proves nothing)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+
+def kv_page_mixup(monkeypatch) -> Fired:
+    """Attention reads the first KV page of sequence 0 from sequence 1's (and back): block-table entries swapped."""
+    fired, run = Fired(), ModelRunner.run
+
+    def broken(self, inputs, batch):
+        tables = inputs.meta.block_tables
+        if tables.shape[0] >= 2:
+            tables = tables.clone()
+            tables[[0, 1], 0] = tables[[1, 0], 0]
+            inputs = replace(inputs, meta=replace(inputs.meta, block_tables=tables))
+            fired.n += 1
+        return run(self, inputs, batch)
+
+    monkeypatch.setattr(ModelRunner, "run", broken)
+    return fired
+
+
+def shifted_positions(monkeypatch) -> Fired:
+    """The model gets positions + 1 (rotary embeddings and causal limits); KV slots stay where they were."""
+    fired, run = Fired(), ModelRunner.run
+
+    def broken(self, inputs, batch):
+        pos = inputs.positions + 1
+        fired.n += 1
+        return run(self, replace(inputs, positions=pos, meta=replace(inputs.meta, positions=pos)), batch)
+
+    monkeypatch.setattr(ModelRunner, "run", broken)
+    return fired
+
+
+def sampling_at_temperature_zero(monkeypatch) -> Fired:
+    """The sampler ignores temperature 0: greedy requests are sampled at temperature 1."""
+    fired, call = Fired(), Sampler.__call__
+
+    def broken(self, logits, params, generators, banned=None):
+        hot = [replace(p, temperature=1.0) if p.greedy else p for p in params]
+        fired.n += sum(p.greedy for p in params)
+        return call(self, logits, hot, generators, banned)
+
+    monkeypatch.setattr(Sampler, "__call__", broken)
+    return fired
+
+
+def dropped_fewshot(monkeypatch) -> Fired:
+    """The prompt builders leave out the few-shot block (MMLU's dev examples, GSM8K's train examples)."""
+    fired, prompt, item = Fired(), mmlu.lm_eval_prompt, gsm8k.Gsm8k._item
+
+    def mmlu_prompt(row, shots):
+        fired.n += bool(shots)
+        return prompt(row, [])
+
+    def gsm_item(self, index, row, shots, max_tokens):
+        fired.n += bool(shots)
+        return item(self, index, row, (), max_tokens)
+
+    monkeypatch.setattr(mmlu, "lm_eval_prompt", mmlu_prompt)
+    monkeypatch.setattr(gsm8k.Gsm8k, "_item", gsm_item)
+    return fired
+
+
+def scorer_off_by_one(monkeypatch) -> Fired:
+    """Loglikelihood over a span shifted one token left: the context's last token in, the continuation's last out."""
+    fired, encode = Fired(), RuntimeBackend.encode_pair
+
+    def broken(self, context, continuation):
+        ctx, cont = encode(self, context, continuation)
+        fired.n += 1
+        return ctx[:-1], ctx[-1:] + cont[:-1]
+
+    monkeypatch.setattr(RuntimeBackend, "encode_pair", broken)
+    return fired
