@@ -9,10 +9,10 @@ import pytest
 from typer.testing import CliRunner
 
 from m3bench.cli.main import app
-from shared_data import SHARED_DATA
 
 runner = CliRunner()
 MODEL_ID = "m3bench/tiny-m3"
+SMOKE_MODEL_ID = "m3bench/tiny-m3-skill"
 
 
 @pytest.fixture(scope="module")
@@ -100,29 +100,33 @@ def test_bad_input_is_exit_two(pair, data_dir, tmp_path):
     assert res.exit_code == 2 and "--draft needs --model" in res.output
 
 
-needs_gsm8k = pytest.mark.skipif(not (SHARED_DATA / "gsm8k" / "test.jsonl").is_file(), reason="no local GSM8K copy")
-
-
-@needs_gsm8k
 def test_smoke_run_passes_its_golden_reference(tmp_path, monkeypatch):
-    """No arguments: the tiny checkpoint with its shipped distilled draft on 16 chat-GSM8K questions, gated
-    by the golden m3bench/tiny-m3 entry of references/acceptance_length.yaml (AL 1.497, min_al 1.422)."""
-    monkeypatch.setenv("M3BENCH_DATA", str(SHARED_DATA))
+    """No arguments: the shipped trained tiny checkpoint with its distilled draft on held-out chat-GSM8K questions
+    of its synthetic task set, gated by the golden m3bench/tiny-m3-skill entry of acceptance_length.yaml."""
+    from m3bench.cli.accept import SMOKE_LIMIT
+    from m3bench.evals.references import AcceptanceProtocol, RunSpec, find_acceptance_reference
+
+    monkeypatch.setenv("M3BENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("M3BENCH_DATA", str(tmp_path / "nowhere"))  # not read: the smoke run brings its data
     res = runner.invoke(app, ["accept", "--out", str(tmp_path), "--no-progress"])
     assert res.exit_code == 0, res.output
     s = _summary(res)
-    assert s["verdict"] == "pass" and s["n"] == 16 and s["metadata"]["model_id"] == MODEL_ID
-    assert 1.45 < s["acceptance_length"] < 1.55 and s["min_al"] == pytest.approx(1.422)
+    golden = find_acceptance_reference(SMOKE_MODEL_ID, RunSpec(spec_dec_algo="Eagle3"), AcceptanceProtocol("gsm8k-chat", 3))
+    assert s["verdict"] == "pass" and s["n"] == SMOKE_LIMIT and s["metadata"]["model_id"] == SMOKE_MODEL_ID
+    assert s["acceptance_length"] == pytest.approx(golden.ref_al, abs=0.05) and s["min_al"] == golden.min_al
+    assert s["metadata"]["data"]["test"]["kind"] == "local"
 
 
-@needs_gsm8k
 def test_a_random_draft_fails_the_golden_gate(pair, tmp_path, monkeypatch):
-    """The golden gate catches a draft that predicts nothing: the random tiny draft (AL 1.0) exits 1."""
-    from m3bench.cli.accuracy import ensure_tiny_checkpoint
+    """The golden gate catches a draft that predicts nothing: a random draft beside the trained target exits 1."""
+    from m3bench.cli.accuracy import smoke_data_dir
+    from m3bench.runtime.tiny_skill import shipped_tiny_skill
 
-    res = runner.invoke(app, ["accept", "--model", str(ensure_tiny_checkpoint()), "--draft", str(pair[1]),
-                              "--limit", "4", "--max-tokens", "48", "--data-dir", str(SHARED_DATA), "--device", "cpu",
-                              "--out", str(tmp_path), "--no-progress"])
+    monkeypatch.setenv("M3BENCH_CACHE", str(tmp_path / "cache"))
+    res = runner.invoke(app, ["accept", "--model", str(shipped_tiny_skill()), "--draft", str(pair[1]),
+                              "--model-id", SMOKE_MODEL_ID, "--limit", "4", "--max-tokens", "48",
+                              "--data-dir", str(smoke_data_dir()), "--device", "cpu", "--out", str(tmp_path),
+                              "--no-progress"])
     assert res.exit_code == 1, res.output
     s = _summary(res)
     assert s["verdict"] == "fail" and s["acceptance_length"] < 1.1

@@ -1,4 +1,5 @@
-"""`m3bench accuracy` with no arguments: tiny checkpoint, PyPI data, golden references, exit 0."""
+"""`m3bench accuracy` with no arguments: the shipped trained tiny checkpoint on the held-out synthetic splits,
+gated against its golden references, exit 0."""
 
 from __future__ import annotations
 
@@ -10,28 +11,30 @@ from pathlib import Path
 
 import pytest
 
-from m3bench.cli.accuracy import SMOKE_TASKS, TINY_MODEL_ID
+from m3bench.cli.accuracy import SMOKE_MODEL_ID, SMOKE_TASKS
 from m3bench.evals.protocols import Task, get_protocol
 from m3bench.evals.protocols.base import Settings
 from m3bench.evals.references import RunSpec, find_accuracy_reference
+from m3bench.runtime.tiny_skill import shipped_task_set
 
-pytestmark = pytest.mark.slow  # one full smoke run: ~15 s on an idle 2-core machine
+pytestmark = pytest.mark.slow  # one full smoke run: ~20 s of CPU on one thread
 
 
 def test_smoke_run_matches_golden_references(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "M3BENCH_DATA"}  # data from PyPI, as on a fresh machine
+    env = {k: v for k, v in os.environ.items() if k != "M3BENCH_DATA"}  # the shipped task set, not a local copy
     env.update(M3BENCH_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     done = subprocess.run([sys.executable, "-m", "m3bench", "accuracy", "--out", str(tmp_path / "out"), "--no-progress"],
                           env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
-    if done.returncode == 2 and "pypi:" in done.stderr:
-        pytest.skip(f"PyPI copies unavailable (offline?): {done.stderr.strip()[-300:]}")
     assert done.returncode == 0, done.stderr[-3000:]
     summaries = [json.loads(Path(p).read_text()) for p in done.stdout.split()]
     assert [s["task"] for s in summaries] == [t.task for t in SMOKE_TASKS]
+    recorded = shipped_task_set().sha256
     for s, t in zip(summaries, SMOKE_TASKS):
         protocol = get_protocol(Task(t.task)).measured_with(Settings(t.num_fewshot, t.limit, t.max_tokens))
-        golden = find_accuracy_reference(s["task"], TINY_MODEL_ID, RunSpec(), protocol)
+        golden = find_accuracy_reference(s["task"], SMOKE_MODEL_ID, RunSpec(), protocol)
         assert s["verdict"] == "pass" and s["n"] == golden.num_samples
-        assert s["metadata"]["data"]["test"]["kind"] == "pypi"
         assert abs(s["score"] - golden.accuracy) <= 2 * 100 / s["n"] + 1e-9  # within two flipped items
-    assert (tmp_path / "cache" / "tiny-m3" / "config.json").is_file()
+        assert s["metadata"]["data"]["test"]["kind"] == "local"
+        dataset = get_protocol(Task(t.task)).dataset.value
+        assert Path(s["metadata"]["data"]["test"]["location"]).name == "test.jsonl" and f"{dataset}/test.jsonl" in recorded
+    assert list((tmp_path / "cache" / "synthetic").glob("seed*/gsm8k/test.jsonl"))

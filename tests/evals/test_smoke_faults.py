@@ -1,11 +1,11 @@
 """Faults injected into the runtime and the evals turn the smoke run's verdict against the goldens of the
 shipped trained tiny model (m3bench/tiny-m3-skill) into exit 1; the unbroken run exits 0.
 
-Each fault is its own `m3bench accuracy` run (in process, so that monkeypatch reaches it) with the smoke
-defaults (no --model: the shipped checkpoint and the held-out synthetic splits) on a FAULT_LIMIT prefix of
-the golden's items; the task set is generated once for the module. The goldens are deterministic CPU fp32
-figures with a floor and a ceiling two items away (references/*.yaml): a run that no longer measures what
-the golden did fails either way.
+Each fault is its own `m3bench accuracy --task T` run (in process, so that monkeypatch reaches it) with the
+smoke defaults of T (no --model: the shipped checkpoint, the held-out synthetic splits, the golden's limit,
+few-shot count and cap); T is a smoke task the fault acts on. The task set is generated once for the module.
+The goldens are deterministic CPU fp32 figures with a floor and a ceiling two items away (references/*.yaml):
+a run that no longer measures what the golden did fails either way.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from m3bench.runtime.engine import ModelRunner
 from m3bench.runtime.sampler import Sampler
 
 pytestmark = pytest.mark.slow
-FAULT_TASKS = {"mmlu": "mmlu", "gsm8k": "gsm8k"}  # placeholder, set below from the goldens
 
 
 @pytest.fixture(scope="module")
@@ -122,3 +121,20 @@ def scorer_off_by_one(monkeypatch) -> Fired:
 
     monkeypatch.setattr(RuntimeBackend, "encode_pair", broken)
     return fired
+
+
+def test_the_unbroken_smoke_run_passes(cache, tmp_path, monkeypatch):
+    assert smoke(cache, tmp_path, monkeypatch) == 0
+
+
+@pytest.mark.parametrize(("fault", "task"), [
+    (kv_page_mixup, "mmlu"),
+    (shifted_positions, "gsm8k"),
+    (sampling_at_temperature_zero, "gsm8k"),
+    (dropped_fewshot, "gsm8k"),
+    (scorer_off_by_one, "mmlu"),
+])
+def test_a_fault_is_a_regression(fault, task, cache, tmp_path, monkeypatch):
+    fired = fault(monkeypatch)
+    assert smoke(cache, tmp_path, monkeypatch, "--task", task) == 1
+    assert fired.n > 0
