@@ -150,7 +150,8 @@ def test_cli_mmlu_gen_0_shot_is_not_gated_against_the_mmlu_golden(tmp_path):
     assert result.exit_code == 2, result.output
     assert "measured with mmlu-gen trtllm-mmlu/m3bench-1, 0-shot" in result.output
     assert "m3bench/tiny-m3 has: [no spec keys] (mmlu lm-eval-mmlu-1.0/m3bench-1, 0-shot, no chat)" in result.output
-    assert "other models: MiniMaxAI/MiniMax-M3, nvidia/MiniMax-M3-NVFP4. --no-reference runs it ungated" in result.output
+    assert ("other models: MiniMaxAI/MiniMax-M3, m3bench/tiny-m3-skill, nvidia/MiniMax-M3-NVFP4. --no-reference runs "
+            "it ungated") in result.output
     assert "Traceback" not in result.output
 
 
@@ -162,11 +163,11 @@ def test_cli_reference_and_no_reference_exclude_each_other(tmp_path):
 
 
 def test_smoke_run_honours_task_and_fewshot_and_refuses_another_protocols_golden(tmp_path, monkeypatch):
-    """`m3bench accuracy --task mmlu-gen --num-fewshot 0` (no --model: the tiny checkpoint) is exit 2, not a gate
-    against the 0-shot loglikelihood `mmlu` golden."""
+    """`m3bench accuracy --task mmlu-gen --num-fewshot 0` (no --model: the shipped trained tiny checkpoint) is exit 2,
+    not a gate against the 0-shot loglikelihood `mmlu` golden."""
     from m3bench.cli.main import app
 
     monkeypatch.setenv("M3BENCH_CACHE", str(tmp_path / "cache"))
     result = CliRunner().invoke(app, ["accuracy", "--task", "mmlu-gen", "--num-fewshot", "0", "--out", str(tmp_path)])
     assert result.exit_code == 2, result.output
-    assert "no reference for m3bench/tiny-m3 [no spec keys] measured with mmlu-gen" in result.output
+    assert "no reference for m3bench/tiny-m3-skill [no spec keys] measured with mmlu-gen" in result.output
