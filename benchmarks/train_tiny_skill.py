@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from m3bench.evals.protocols.gsm8k import question_text
+from m3bench.evals.protocols.gsm8k_chat import user_turn
 from m3bench.evals.protocols.mmlu import lm_eval_prompt
 from m3bench.evals.protocols.mmlu_gen import trtllm_header, trtllm_item
 from m3bench.evals.protocols.mmlu_subjects import LETTERS
@@ -51,6 +52,7 @@ class TrainPlan:
     seed: int = 0  # the initial weights, the task set, the batch order
     steps: int = 6000
     batch_size: int = 64
+    time_budget_s: float = 0.0  # > 0: fewer steps where the measured step time would overrun it
     lr: float = 2e-3
     warmup_steps: int = 200
     weight_decay: float = 0.01
@@ -66,13 +68,18 @@ def examples(data_dir: Path, tokenizer, max_len: int) -> list[tuple[list[int], i
     """(token ids, prompt length) of every training item, in the evaluation protocols' formats."""
     gsm, mmlu = read_train_rows(data_dir)
     pairs = [(question_text(row.question), f" {row.answer}\n\n") for row in gsm]
+    for row in gsm:  # the gsm8k-chat turns of the acceptance probe: the answer, then the end of the turn
+        chat = tokenizer.apply_chat_template([{"role": "user", "content": user_turn(row.question)}],
+                                             add_generation_prompt=True, tokenize=False)
+        pairs.append((chat, f"{row.answer}{tokenizer.eos_token}"))
     for row in mmlu:
         letter = f" {LETTERS[row.answer]}"
         pairs.append((lm_eval_prompt(row, []), letter))
         pairs.append((trtllm_header(row.subject) + trtllm_item(row, False), letter))
     out = []
     for prompt, target in pairs:
-        p, whole = tokenizer.encode(prompt), tokenizer.encode(prompt + target)
+        p = tokenizer.encode(prompt, add_special_tokens=False)
+        whole = tokenizer.encode(prompt + target, add_special_tokens=False)
         if len(whole) <= max_len and whole[:len(p)] == p:
             out.append((whole, len(p)))
     return out
@@ -115,8 +122,9 @@ def train(init_dir: Path, data_dir: Path, plan: TrainPlan, device: str) -> tuple
         p.requires_grad_(True)
     opt = torch.optim.AdamW(params, lr=plan.lr, weight_decay=plan.weight_decay)
     order = random.Random(plan.seed)  # the only randomness: the batches (weights come from the seeded init)
-    losses = []
-    for step in range(plan.steps):
+    losses, steps, start = [], plan.steps, time.time()
+    step = 0
+    while step < steps:
         for group in opt.param_groups:
             group["lr"] = learning_rate(plan, step)
         loss = batch_loss(model, order.sample(data, plan.batch_size), plan.tokens_per_block)
@@ -125,6 +133,13 @@ def train(init_dir: Path, data_dir: Path, plan: TrainPlan, device: str) -> tuple
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         losses.append(loss.item())
+        step += 1
+        if step == 20 and plan.time_budget_s > 0:  # the schedule's length from the measured step time
+            steps = min(steps, int(plan.time_budget_s / ((time.time() - start) / step)))
+            print(f"step time {(time.time() - start) / step * 1e3:.1f} ms: {steps} steps", flush=True)
+        if step % 250 == 0:
+            print(f"step {step}/{steps} loss {sum(losses[-50:]) / len(losses[-50:]):.4f} "
+                  f"{time.time() - start:.0f} s", flush=True)
     return model, losses
 
 
@@ -146,7 +161,8 @@ def run(dest: Path, plan: TrainPlan, device: str) -> dict:
     data = write_task_set(dest / "data", seed=plan.seed, sizes=plan.sizes)
     model, losses = train(init, data, plan, device)
     ckpt = save_checkpoint(model, init, dest / "ckpt", plan.seed)
-    report = {"plan": asdict(plan), "device": device, "losses_first_last": [losses[0], losses[-1]],
+    report = {"plan": asdict(plan), "device": device, "steps_run": len(losses),
+              "losses_first_last": [losses[0], sum(losses[-50:]) / len(losses[-50:])],
               "wall_s": time.time() - start, "checkpoint": str(ckpt), "data": str(data)}
     (dest / "train_report.json").write_text(json.dumps(report, indent=2, default=str))
     return report
@@ -158,11 +174,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--batch-size", type=int, default=None)
+    ap.add_argument("--lr", type=float, default=None)
+    ap.add_argument("--time-budget-s", type=float, default=0.0)
     ap.add_argument("--cpu-smoke", action="store_true", help="3 steps of batch 4 on a tiny task set")
     args = ap.parse_args(argv)
     plan = CPU_SMOKE if args.cpu_smoke else TrainPlan()
     plan = TrainPlan(**{**asdict(plan), "seed": args.seed, "sizes": plan.sizes,
-                        **({"steps": args.steps} if args.steps else {})})
+                        "time_budget_s": args.time_budget_s,
+                        **({"steps": args.steps} if args.steps else {}),
+                        **({"batch_size": args.batch_size} if args.batch_size else {}),
+                        **({"lr": args.lr} if args.lr else {})})
     print(json.dumps(run(args.dest, plan, args.device), indent=2, default=str))
     return 0
 
