@@ -24,6 +24,7 @@ from m3bench.runtime.attention.metadata import AttnMetadata
 from m3bench.runtime.block_manager import BlockManager
 from m3bench.runtime.decode_state import DecodeState
 from m3bench.runtime.kv_cache import KVCache
+from m3bench.runtime.rank_step import NO_LINK, target_logits
 from m3bench.runtime.sampler import Sampler, SamplerOutput, make_generator
 from m3bench.runtime.scheduler import ScheduledBatch, Scheduler
 from m3bench.runtime.sequence import Detokenizer, FinishReason, Sequence
@@ -51,6 +52,7 @@ class ModelRunner:
     """Turns a ScheduledBatch into device tensors and runs the model on them."""
 
     clock: Any = NO_CLOCK  # engine_builder sets the engine's StepClock (runtime/step_timing.py)
+    link: Any = NO_LINK  # tensor parallelism: rank 0's Driver, which sends each step to the other ranks
 
     def __init__(self, model: Any, kv: KVCache, bm: BlockManager, device: torch.device,
                  graphs: "DecodeGraphs | None" = None) -> None:
@@ -100,10 +102,9 @@ class ModelRunner:
         """Logits [N, V] float32 of the rows in inputs.logits_idx."""
         with self.clock.forward():
             if self.graphs is not None and self._graph_fits(inputs, batch):
-                hidden = self.graphs.replay(inputs)
-            else:
-                hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv)
-            return self.model.compute_logits(hidden[inputs.logits_idx])
+                return self.model.compute_logits(self.graphs.replay(inputs)[inputs.logits_idx])
+            with self.link.forward(inputs, captured=False):
+                return target_logits(self.model, self.kv, inputs)
 
 
 def graph_batch_sizes(max_batch_size: int) -> list[int]:

@@ -177,7 +177,9 @@ def build_engine(cfg: EngineConfig, model: Any, kv: KVCache, bm: BlockManager, s
     graphs = DecodeGraphs(model, kv, bm, bm.num_blocks, cfg.max_batch_size) if cfg.cuda_graphs else None
     if graphs is not None:
         graphs.capture()
-    runner = ModelRunner(model, kv, bm, model.device, graphs) if tp is None else _tp_runner(tp, model, kv, bm)
+    runner = ModelRunner(model, kv, bm, model.device, graphs)
+    if tp is not None:  # each step's inputs go to the other ranks, which run the same forward
+        runner.link = tp
     loop = OverlapEngine if cfg.async_scheduling else Engine
     return loop(runner, scheduler, sampler, tokenizer, eos, max_model_len)
 
@@ -188,17 +190,11 @@ def _spec_engine(cfg, model, kv, bm, scheduler, sampler, spec, draft, tokenizer,
     engine = build_spec_engine(model, kv, bm, scheduler, sampler, tokenizer, eos, max_model_len, spec, draft,
                                cfg.max_batch_size, cfg.max_num_tokens, cfg.cuda_graphs,  # captures its own graphs
                                overlap=bool(cfg.async_scheduling))
-    if tp is not None:  # the target's and the draft's calls then run on every rank
-        from m3bench.runtime.distributed.mirror import mirror_spec_runner
-
-        mirror_spec_runner(tp, engine.spec, kv)
+    if tp is not None:  # the other ranks get a draft pool like rank 0's; each step's inputs go to them
+        store = engine.spec.layout.store
+        tp.alloc_draft(store.num_pages, store.page_size, kv.kv_dtype)
+        engine.spec.link = tp
     return engine
-
-
-def _tp_runner(driver: Any, model: Any, kv: KVCache, bm: BlockManager) -> ModelRunner:
-    from m3bench.runtime.distributed.driver import DriverRunner
-
-    return DriverRunner(driver, model, kv, bm, model.device)
 
 
 def _spec_caching(spec: Any) -> bool:
