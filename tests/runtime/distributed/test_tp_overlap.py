@@ -58,3 +58,25 @@ def test_overlap_with_eagle3_at_tp2_matches_tp1(dirs):
         assert two.spec_stats() == one.spec_stats() and two.spec_stats().proposed > 0
     finally:
         two.shutdown()
+
+
+def test_overlap_eagle3_tp2_with_preemption_matches_sync_tp1(dirs):
+    """All of it at once: TP 2, overlap, Eagle3 and a pool too small for the batch (requests preempted and
+    recomputed, their draft state dropped); greedy and seeded sampling (rank 0 picks the drafts). The random
+    draft accepts nothing on its own: synthetic acceptance (AL 2.5) makes verify rows land drafts."""
+    target, draft = dirs
+    kw = dict(kv_cache_dtype="auto", tokens_per_block=P, num_kv_blocks=10, speculative_model=draft, draft_len=3,
+              synthetic_acceptance_length=2.5)
+    prompts = random_prompts([40, 36, 30, 44], seed=21)
+    greedy = SamplingParams(max_tokens=14, temperature=0.0, logprobs=1, ignore_eos=True)
+    seeded = SamplingParams(max_tokens=8, temperature=0.8, seed=7, ignore_eos=True)
+    one = LLM(target, async_scheduling=False, **kw)
+    two = LLM(target, tensor_parallel_size=2, async_scheduling=True, **kw)
+    try:
+        assert two.engine.spec.drafts_on_device
+        _same(one.generate(prompts, greedy), two.generate(prompts, greedy))
+        assert two.stats().num_preemptions > 0
+        assert two.spec_stats() == one.spec_stats() and two.spec_stats().accepted > 0
+        _same(one.generate(prompts[:2], seeded), two.generate(prompts[:2], seeded))
+    finally:
+        two.shutdown()
