@@ -1,6 +1,6 @@
 """The serving engine: one step is schedule -> build inputs -> run the model -> sample -> postprocess.
 
-    engine = Engine(model, kv, block_manager, scheduler, sampler, tokenizer, max_model_len)
+    engine = Engine(runner, scheduler, sampler, tokenizer, eos_ids, max_model_len, spec=None, overlap=False)
     engine.add(seq)
     while engine.has_work():
         deltas = engine.step()          # list[RequestDelta]: new tokens / text / timestamps per request
@@ -22,8 +22,9 @@ import torch
 
 from m3bench.runtime.attention.metadata import AttnMetadata
 from m3bench.runtime.block_manager import BlockManager
-from m3bench.runtime.decode_state import DecodeState
+from m3bench.runtime.decode_state import PLACEHOLDER, DecodeState
 from m3bench.runtime.kv_cache import KVCache
+from m3bench.runtime.overlap import Flight, num_placeholders, pending, strip_placeholders, to_host
 from m3bench.runtime.rank_step import NO_LINK, target_logits
 from m3bench.runtime.sampler import Sampler, SamplerOutput, make_generator
 from m3bench.runtime.scheduler import ScheduledBatch, Scheduler
@@ -187,15 +188,22 @@ class StepOutcome:
 
 class Engine:
     """The step loop. `spec` (a SpecRunner, or None) is the propose/verify strategy: it builds the step's
-    rows with the drafts to verify, verifies them, and drafts again over the positions that landed."""
+    rows with the drafts to verify, verifies them, and drafts again over the positions that landed.
+    `overlap` (runtime/overlap.py): a plain step's tokens land one step late, while the next step runs;
+    under speculation the drafts stay on the device while the next step is scheduled and built."""
 
     def __init__(self, runner: ModelRunner, scheduler: Scheduler, sampler: Sampler, tokenizer: Any,
-                 eos_token_ids: tuple[int, ...], max_model_len: int, spec: Any = None) -> None:
+                 eos_token_ids: tuple[int, ...], max_model_len: int, spec: Any = None, overlap: bool = False) -> None:
         self.runner, self.scheduler, self.sampler = runner, scheduler, sampler
         self.tokenizer, self.eos = tokenizer, frozenset(eos_token_ids)
         self.max_model_len = max_model_len
         self.spec = spec
         self.stepper = runner if spec is None else spec  # prepare / run of the step
+        self.overlap = overlap
+        self.late = overlap and spec is None  # plain overlap: tokens land one step late
+        if spec is not None:
+            spec.drafts_on_device = overlap
+        self.flight: Flight | None = None  # (late) the launched step whose tokens have not landed
 
     def add(self, seq: Sequence) -> None:
         if seq.params.seed is not None:
@@ -214,10 +222,13 @@ class Engine:
         return True
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        return self.flight is not None or self.scheduler.has_work()
 
     def step(self) -> list[RequestDelta]:
-        """Run one engine step; the deltas of every request that gained tokens or finished."""
+        """Run one engine step; the deltas of every request that gained tokens or finished (overlapped: the
+        deltas of the step launched by the previous call)."""
+        if self.late:
+            return self._step_late()
         batch = self.scheduler.schedule()
         dropped = [make_delta(s, (), "", ()) for s in self.scheduler.drain_dropped()]
         if batch is None:
@@ -244,6 +255,60 @@ class Engine:
         lps = self.spec.verify_logprobs(logits[:nv], inputs, verified) if nv else (None, None)
         return StepOutcome(inputs, sampled, verified, lps)
 
+    # ---- overlap: a plain step's tokens land one step late -------------------------------------------
+    def _step_late(self) -> list[RequestDelta]:
+        held = [s for s in self.flight.seqs if not s.finished] if self.flight is not None else []
+        for seq in held:  # while scheduling and building inputs only: between steps outputs hold real tokens
+            seq.output_ids.append(PLACEHOLDER)
+        try:
+            batch = self.scheduler.schedule()
+            launched = self._launch(batch) if batch is not None else None
+        finally:
+            for seq in held:
+                strip_placeholders(seq)
+        dropped = self.scheduler.drain_dropped()  # (a token in flight is lost with it: the pool cannot hold it)
+        deltas = self._land_flight(self.flight) if self.flight is not None else []
+        self.flight = launched if launched is not None and pending(launched) else None
+        return [make_delta(s, (), "", ()) for s in dropped] + deltas
+
+    def _launch(self, batch: ScheduledBatch) -> Flight:
+        out = self._run_batch(batch)
+        host, done = to_host(out.sampled)
+        finished = self._advance(batch)
+        return Flight(out.inputs.sample_seqs, host, done, finished)
+
+    def _advance(self, batch: ScheduledBatch) -> list[Sequence]:
+        """The step's K/V counts as computed (stream order: later steps see it); the scoring requests done."""
+        finished = []
+        for seq, n in zip(batch.seqs, batch.num_tokens):
+            seq.num_computed += n
+            self._commit_known(seq)
+            if seq.is_score and seq.num_computed == seq.num_tokens:
+                self.scheduler.finish(seq, FinishReason.STOP)
+                finished.append(seq)
+        return finished
+
+    def _land_flight(self, flight: Flight) -> list[RequestDelta]:
+        if flight.done is not None:
+            flight.done.synchronize()
+        deltas = []
+        if flight.sampled is not None:
+            tokens, lps, tops = fetch_sampled(flight.sampled)
+            now = time.time()
+            for i, seq in enumerate(flight.seqs):
+                if not seq.finished:  # else it stopped one step earlier (an extra token), or was aborted / dropped
+                    self._commit_known(seq)
+                    deltas.append(self.land(seq, [tokens[i]], now, [lps and lps[i]], [tops and tops[i]]))
+        return deltas + [make_delta(s, (), "", ()) for s in flight.finished]
+
+    def _commit_known(self, seq: Sequence) -> None:
+        """Register the computed full pages in the prefix cache, but only over tokens known on the host."""
+        computed = seq.num_computed  # may count a placeholder's position (run by a step in flight)
+        seq.num_computed = min(computed, seq.num_tokens - num_placeholders(seq))
+        self.scheduler.bm.commit(seq)
+        seq.num_computed = computed
+
+    # ---- sampling and scoring ------------------------------------------------------------------------
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
         banned = [self._banned(s) for s in seqs]
         return self.sampler(logits, [s.params for s in seqs], [s.generator for s in seqs], banned)

@@ -113,12 +113,11 @@ def build_spec_engine(model, kv, bm, scheduler, sampler, tokenizer, eos_ids, max
     scheduler.lookahead_tokens, scheduler.draft_tokens = lookahead_tokens(spec), spec.draft_len
     capture = spec_capture(model, spec, draft, max_batch_size, max_num_tokens)
     runner = SpecRunner(model, kv, bm, draft, layout, spec, capture, sampler.generator)
-    runner.drafts_on_device = overlap
     bm.on_free.append(runner.release)
     if graphs:
         runner.graphs = capture_spec_graphs(runner, bm.num_blocks, max_batch_size)
     return Engine(ModelRunner(model, kv, bm, model.device), scheduler, sampler, tokenizer, eos_ids, max_model_len,
-                  spec=runner)
+                  spec=runner, overlap=overlap)
 
 
 def capture_spec_graphs(runner: Any, scratch_page: int, max_batch_size: int):
