@@ -9,6 +9,10 @@ Inputs are built on the host as rows (runtime/step_rows.py, shared with speculat
 device once; the slot of every token is looked up on the device from the persistent block table. A step
 in which every request decodes one token from its own row is built on the device instead, from the
 tokens and positions the previous steps left there (runtime/decode_state: no per-request host work).
+
+Modes of the one loop: `spec` (a SpecRunner) makes it speculative (propose / verify as a strategy);
+`overlap` lands a plain step's tokens one step late while the next step runs (runtime/overlap.py). Under
+tensor parallelism the runners hand each step's inputs to their `link` first (runtime/rank_step.py).
 """
 
 from __future__ import annotations
@@ -200,7 +204,7 @@ class Engine:
         self.spec = spec
         self.stepper = runner if spec is None else spec  # prepare / run of the step
         self.overlap = overlap
-        self.late = overlap and spec is None  # plain overlap: tokens land one step late
+        self.lands_late = overlap and spec is None  # plain overlap: tokens land one step late
         if spec is not None:
             spec.drafts_on_device = overlap
         self.flight: Flight | None = None  # (late) the launched step whose tokens have not landed
@@ -227,7 +231,7 @@ class Engine:
     def step(self) -> list[RequestDelta]:
         """Run one engine step; the deltas of every request that gained tokens or finished (overlapped: the
         deltas of the step launched by the previous call)."""
-        if self.late:
+        if self.lands_late:
             return self._step_late()
         batch = self.scheduler.schedule()
         dropped = [make_delta(s, (), "", ()) for s in self.scheduler.drain_dropped()]

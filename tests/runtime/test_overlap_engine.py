@@ -31,7 +31,7 @@ def _pair(model, **kw):
     sync = LLM(model, **{**KW, **kw})
     sync.engine.runner.state = None
     over = LLM(model, async_scheduling=True, **{**KW, **kw})
-    assert over.engine.late and not sync.engine.late
+    assert over.engine.lands_late and not sync.engine.lands_late
     return sync, over
 
 
@@ -164,7 +164,7 @@ def test_cuda_overlap_equals_sync(graphs):
     sync = LLM(model, async_scheduling=False, **kw)
     sync.engine.runner.state = None
     over = LLM(model, async_scheduling=True, **kw)
-    assert over.engine.late
+    assert over.engine.lands_late
     params = [SamplingParams(max_tokens=n, ignore_eos=True, logprobs=1, seed=i, temperature=0.7 * (i % 2))
               for i, n in enumerate((8, 3, 6, 8, 2, 5))]
     _same(sync.generate(PROMPTS, params), over.generate(PROMPTS, params))

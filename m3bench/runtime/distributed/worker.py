@@ -42,6 +42,7 @@ from m3bench.runtime import model_builder
 from m3bench.runtime.engine_config import EngineConfig
 from m3bench.runtime.kv_cache import KVCache
 from m3bench.runtime.rank_step import target_logits
+from m3bench.runtime.speculative.draft_step import run_draft
 
 PARENT_POLL_S = 0.5
 
@@ -123,8 +124,6 @@ class RankState:
         self.capture = spec_capture(m, self.spec, self.draft, self.engine.max_batch_size, self.engine.max_num_tokens)
 
     def _draft(self, fields: list[int]) -> None:
-        from m3bench.runtime.speculative.draft_step import run_draft
-
         g = self.groups
         d = receive_draft(g.control, g.tp, fields, g.device)
         n = len(d.ends_host)

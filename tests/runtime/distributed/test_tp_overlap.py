@@ -34,7 +34,7 @@ def test_overlap_at_tp2_matches_sync_tp1(dirs):
     one = LLM(target, async_scheduling=False, **kw)
     two = LLM(target, tensor_parallel_size=2, async_scheduling=True, **kw)
     try:
-        assert two.engine.late and not one.engine.late
+        assert two.engine.lands_late and not one.engine.lands_late
         _same(one.generate(prompts, greedy), two.generate(prompts, greedy))
         assert two.stats().num_preemptions > 0
         _same(one.generate(prompts[:2], seeded), two.generate(prompts[:2], seeded))
