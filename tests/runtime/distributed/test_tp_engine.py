@@ -1,6 +1,7 @@
 """LLM(tensor_parallel_size=2) on CPU (rank 1 spawned, gloo) gives what TP 1 gives: greedy tokens,
 logprobs and scores within fp32 tolerance, with MSA selection active, MoE under expert
-parallelism, prefix caching and preemption (rank 1's KV mirrors rank 0's pages)."""
+parallelism, prefix caching and preemption (rank 1's KV pool has rank 0's pages; it writes the slots
+rank 0 chose)."""
 
 from __future__ import annotations
 
