@@ -5,8 +5,8 @@ step, and whether the device was still busy when step() returned.
     python benchmarks/overlap_speed.py --cpu-smoke     # tiny Qwen2 on CPU (the plumbing; no overlap on CPU)
 
 One LLM per model (dummy weights, bf16, CUDA graphs); its runner, scheduler and pool are driven by a
-synchronous `Engine` and an overlapped one (`Engine(..., overlap=True)`) in turn. Per batch size B: B prompts of 128 random tokens,
-`--tokens` new tokens each (ignore_eos), one warm-up generate, then the timed one. Columns:
+synchronous `Engine` and an overlapped one (`Engine(..., overlap=True)`) in turn. Per batch size B: B prompts
+of 128 random tokens, `--tokens` new tokens each (ignore_eos), one warm-up generate, then the timed one. Columns:
   tok/s          generated tokens / wall seconds of the timed generate (prefill included)
   step ms        median over requests of the host time between consecutive tokens
   graph ms       the captured decode graph of that batch, replayed alone (the device's share)
