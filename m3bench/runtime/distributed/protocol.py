@@ -33,7 +33,7 @@ class Op(IntEnum):
     ALLOC = 3  # fields: num_pages, P, kv code
     STOP = 4
     ALLOC_DRAFT = 5  # fields: num_pages, page size, kv code (the Eagle3 draft layer's pool)
-    DRAFT = 6  # fields: t, b, p, width; then host lengths, the payload, and one pick per chain step
+    DRAFT = 6  # fields: t, b, p, width; then host lengths, the payload, and (p > 0) K picks of p draft tokens
 
 
 def send_header(control: Any, op: Op, fields: tuple[int, ...] = ()) -> None:
