@@ -42,13 +42,14 @@ class WorkerPool:
         return f"file://{self.run_dir / 'rendezvous'}"
 
     @classmethod
-    def spawn(cls, world: int, spec: WorkerSpec) -> WorkerPool:
+    def spawn(cls, world: int, spec: WorkerSpec, serve_fn: Callable | None = None) -> WorkerPool:
+        """Start ranks 1..world-1; each runs `serve_fn(spec, groups)` (default: worker.serve, the TP worker)."""
         import torch.multiprocessing as mp
 
         run_dir = Path(tempfile.mkdtemp(prefix="m3bench-tp-"))
         ctx = mp.get_context("spawn")
         init = f"file://{run_dir / 'rendezvous'}"
-        procs = [ctx.Process(target=spawned_main, args=(r, world, init, spec, str(run_dir), os.getpid()),
+        procs = [ctx.Process(target=spawned_main, args=(r, world, init, spec, str(run_dir), os.getpid(), serve_fn),
                              name=f"m3bench-tp-rank{r}", daemon=True) for r in range(1, world)]
         for p in procs:
             p.start()
