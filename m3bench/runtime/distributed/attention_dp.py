@@ -135,6 +135,7 @@ def serve_rank(spec: RankSpec, groups: RankGroups) -> None:
     while True:
         op, fields = recv_header(groups.control)
         if op is Op.STOP:
+            mine.exchange.close()
             return
         if op is not Op.STEP:
             raise RuntimeError(f"attention-DP rank got {op!r} (protocol bug)")

@@ -57,6 +57,12 @@ class ExpertExchange:
             moe = self.layers[_one_slot(working[:, 1])]
             self._exchange_empty(moe, meta[:, 0].tolist())
 
+    def close(self) -> None:
+        """Unhook the MoE blocks (they and the exchange refer to each other: this frees the groups at once)."""
+        for m in self.layers:
+            m.exchange = None
+        self.layers, self.slot = [], {}
+
     def _announce(self, tokens: int, slot: int, state: RankState) -> list[int]:
         meta = self._gather_meta(tokens, slot, state)
         _one_slot(meta[meta[:, 2] == RankState.WORKING][:, 1])

@@ -93,6 +93,20 @@ def test_scores_seeded_sampling_and_abort(pair):
     assert two.stats().num_running == 0 and two.stats().num_waiting == 0
 
 
+def test_overlap_scheduling_on_every_rank(dirs, pair):
+    """async_scheduling: each rank's engine is an OverlapEngine (tokens land a step late), still one rank's outputs."""
+    one = pair[0]
+    prompts = random_prompts([40, 36, 30, 44, 9], seed=22)
+    params = SamplingParams(max_tokens=10, temperature=0.0, logprobs=2)
+    two = _llm(dirs[0], True, num_kv_blocks=POOL - 2, async_scheduling=True)
+    try:
+        assert type(two.engine.local).__name__ == "OverlapEngine"
+        _same_outputs(one.generate(prompts, params), two.generate(prompts, params))
+        assert two.stats().num_preemptions > 0
+    finally:
+        two.shutdown()
+
+
 def test_eagle3_matches_one_rank_with_preemption(tmp_path):
     """The embedded tiny checkpoint (8 experts, 4 per rank) and the draft distilled for it (drafts are accepted);
     pages of 16 tokens, 7 per rank for 3 requests of ~36 + 12 + 6 lookahead tokens each: requests are preempted."""
@@ -114,3 +128,23 @@ def test_eagle3_matches_one_rank_with_preemption(tmp_path):
         assert two.engine.local.spec.layout.store is not None  # rank 0's own draft KV pool
     finally:
         two.shutdown()
+
+
+def test_a_rank_killed_mid_generate_fails_within_seconds(dirs):
+    import os
+    import signal
+    import threading
+    import time
+
+    llm = _llm(dirs[0], True)
+    pid = llm._tp.pool.procs[0].pid
+    killed_at: list[float] = []
+    threading.Timer(0.5, lambda: (killed_at.append(time.monotonic()), os.kill(pid, signal.SIGKILL))).start()
+    try:
+        with pytest.raises(RuntimeError, match=r"worker rank 1 \(pid \d+\) exited with code -9"):
+            llm.generate([[5, 6, 7]] * 2, SamplingParams(max_tokens=1000, ignore_eos=True))
+        assert time.monotonic() - killed_at[0] < 10.0
+        with pytest.raises(RuntimeError, match="cannot continue"):
+            llm.generate([[5, 6, 7]], SamplingParams(max_tokens=2))
+    finally:
+        llm.shutdown()
