@@ -27,7 +27,7 @@ from m3bench.runtime.distributed.dp_front import DPFront, rank_tick
 from m3bench.runtime.distributed.dp_messages import receive_plan
 from m3bench.runtime.distributed.driver import Driver
 from m3bench.runtime.distributed.groups import RankGroups, destroy_groups, init_groups, rank_device, torchrun_rank
-from m3bench.runtime.distributed.launcher import WorkerPool
+from m3bench.runtime.distributed.launcher import spawn_ranks
 from m3bench.runtime.distributed.protocol import Op, recv_header
 from m3bench.runtime.distributed.worker import agree_min
 from m3bench.runtime.engine_config import EngineConfig
@@ -98,14 +98,7 @@ def start_ranks(spec: RankSpec) -> Driver:
             destroy_groups(groups)
             raise SystemExit(0)
         return _registered(Driver(groups, None))
-    pool = WorkerPool.spawn(world, spec, serve_rank)
-    try:
-        pool.wait_ready()
-        groups = init_groups(0, world, pool.init_method, rank_device(spec.device, 0))
-    except BaseException:
-        pool.stop(graceful=False)
-        raise
-    return _registered(Driver(groups, pool))
+    return _registered(Driver(*spawn_ranks(world, spec, serve_rank)))
 
 
 def _registered(driver: Driver) -> Driver:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from m3bench.runtime.distributed.groups import RankGroups, init_groups, rank_device
 from m3bench.runtime.distributed.worker import WorkerSpec, spawned_main
 
 JOIN_TIMEOUT_S = 10.0
@@ -118,6 +119,17 @@ class WorkerPool:
                     self.on_death()
                 return
             time.sleep(WATCH_POLL_S)
+
+
+def spawn_ranks(world: int, spec: Any, serve_fn: Callable | None = None) -> tuple[RankGroups, WorkerPool]:
+    """Spawn ranks 1..world-1 (each runs serve_fn(spec, groups)) and join them as rank 0: (rank 0's groups, the pool)."""
+    pool = WorkerPool.spawn(world, spec, serve_fn)
+    try:
+        pool.wait_ready()
+        return init_groups(0, world, pool.init_method, rank_device(spec.device, 0)), pool
+    except BaseException:
+        pool.stop(graceful=False)
+        raise
 
 
 def _join_all(procs: list[Any], timeout_s: float) -> None:
