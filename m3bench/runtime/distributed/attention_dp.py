@@ -30,7 +30,7 @@ from m3bench.runtime.distributed.groups import RankGroups, destroy_groups, init_
 from m3bench.runtime.distributed.launcher import spawn_ranks
 from m3bench.runtime.distributed.protocol import Op, recv_header
 from m3bench.runtime.distributed.worker import agree_min
-from m3bench.runtime.engine_config import EngineConfig
+from m3bench.runtime.engine_config import MAX_SEED, EngineConfig
 from m3bench.runtime.errors import InputError
 from m3bench.runtime.layers.moe_exchange import ExpertExchange, install_exchange
 from m3bench.runtime.parallel import TPGroup
@@ -115,9 +115,16 @@ def build_rank(spec: RankSpec, groups: RankGroups) -> RankEngine:
     parts = engine_builder.build(local, engine_builder.Prebuilt(model=model, model_config=spec.config,
                                                                 tokenizer=spec.tokenizer))
     exchange.finish_tick()
+    if groups.tp.rank:  # unseeded sampling: each rank its own stream (rank 0 the engine seed, as one engine)
+        parts.engine.sampler.generator.manual_seed(rank_seed(spec.engine.seed, groups.tp.rank))
     max_len = agree_min(groups.control, parts.max_model_len)  # one context limit: a request's output cannot
     parts.engine.max_model_len = max_len  # depend on the rank it ran on
     return RankEngine(replace(parts, max_model_len=max_len), exchange)
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """The sampler seed of rank r > 0 (within torch's 64 bits)."""
+    return (seed + rank * 1_000_003) % (MAX_SEED + 1)
 
 
 @torch.inference_mode()

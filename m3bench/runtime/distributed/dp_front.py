@@ -40,7 +40,7 @@ def rank_tick(engine: Any, exchange: Any, groups: Any, plan: TickPlan, seqs: dic
     for rid in plan.aborts.get(rank, ()):
         engine.abort(rid)
         seqs.pop(rid, None)
-    deltas = engine.step() if engine.has_work() else []
+    deltas = engine.step()  # (idle: no forward; a request dropped at admission is reported)
     exchange.finish_tick()
     done = [Finished.of(seqs.pop(d.request_id), _record(engine, d.request_id)) for d in deltas
             if d.finished and d.request_id in seqs]
@@ -108,7 +108,7 @@ class DPFront:
         self.driver.in_step = True
         with self.driver.guard(), torch.inference_mode():
             send_plan(self.driver.groups.control, plan)
-            deltas = self.local.step() if self.local.has_work() else []
+            deltas = self.local.step()
             self.exchange.finish_tick()
             reports = gather_reports(self.driver.groups.control, self.world, None)
         self.driver.in_step = False
