@@ -90,3 +90,16 @@ def test_without_the_exchange_a_rank_misses_the_other_ranks_experts(tmp_path):
     x = torch.randn(6, H, generator=torch.Generator().manual_seed(4), dtype=F64)
     ys = _on_two_ranks(tmp_path, lambda rank, ep, control: _rank_moe(full, ep)(x))
     assert all(not torch.allclose(y, full(x), atol=1e-3) for y in ys)
+
+
+def test_ranks_at_different_moe_layers_are_a_lock_step_error(tmp_path):
+    full = [_full_moe(seed=5), _full_moe(seed=6)]
+    x = torch.randn(4, H, generator=torch.Generator().manual_seed(7), dtype=F64)
+
+    def work(rank, ep, control):
+        layers = torch.nn.ModuleList([_rank_moe(f, ep) for f in full])
+        install_exchange(layers, ep, control)
+        return layers[rank](x)  # rank 0 at the first MoE layer, rank 1 at the second
+
+    with pytest.raises(RuntimeError, match="different MoE layers"):
+        _on_two_ranks(tmp_path, work)
