@@ -148,3 +148,15 @@ def test_a_rank_killed_mid_generate_fails_within_seconds(dirs):
             llm.generate([[5, 6, 7]], SamplingParams(max_tokens=2))
     finally:
         llm.shutdown()
+
+
+def test_refused_before_any_process_starts(dirs, pair):
+    from m3bench.runtime.distributed.attention_dp import RankSpec, check_fits
+    from m3bench.runtime.engine_config import EngineConfig
+    from m3bench.runtime.errors import InputError
+
+    three = EngineConfig(dirs[0], device="cpu", dtype="float32", tensor_parallel_size=3, attention_dp=True)
+    with pytest.raises(InputError, match="attention_dp over 3 ranks does not fit this model: num_experts 4"):
+        check_fits(RankSpec(three))
+    with pytest.raises(InputError, match="checkpoint directories"):
+        LLM(pair[0].model, tensor_parallel_size=2, attention_dp=True)
