@@ -160,3 +160,32 @@ def test_refused_before_any_process_starts(dirs, pair):
         check_fits(RankSpec(three))
     with pytest.raises(InputError, match="checkpoint directories"):
         LLM(pair[0].model, tensor_parallel_size=2, attention_dp=True)
+
+
+TORCHRUN_SCRIPT = """
+import json, os, sys
+from m3bench.runtime import LLM, SamplingParams
+
+llm = LLM(sys.argv[1], kv_cache_dtype="auto", tokens_per_block=16, tensor_parallel_size=2, attention_dp=True)
+out = llm.generate([[5, 6, 7, 8, 9], [9, 8, 7]], SamplingParams(max_tokens=6))  # one request per rank
+print("RANK", os.environ["RANK"], json.dumps([o.token_ids for o in out]), flush=True)
+"""
+
+
+def test_under_torchrun_rank_0_fronts_and_rank_1_serves(dirs, pair, tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "run.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script),
+           str(dirs[0])]
+    res = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert res.returncode == 0, res.stderr[-2000:]
+    lines = [line.split(" ", 2) for line in res.stdout.splitlines() if line.startswith("RANK")]
+    assert [r for _, r, _ in lines] == ["0"]  # rank 1 ran its engine for rank 0, then exited quietly
+    want = pair[0].generate([[5, 6, 7, 8, 9], [9, 8, 7]], SamplingParams(max_tokens=6))
+    assert json.loads(lines[0][2]) == [o.token_ids for o in want]
