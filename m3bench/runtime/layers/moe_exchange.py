@@ -12,11 +12,13 @@ runs its experts on every rank's tokens, and sums the partial outputs back to th
 reduce-scatter on NCCL, an all-reduce and a slice on gloo (which has no reduce-scatter). Padding rows
 route to expert id E, which no rank owns.
 
-Lock-step: before each exchange the ranks all-gather (tokens, MoE layer, state) on the gloo control group
-(host integers: no device sync). A rank whose engine step ran no forward, or fewer forwards than another,
-calls `finish_tick`: it announces DONE and joins each exchange the working ranks start, with no tokens of
-its own, until every rank is done. So a rank with no requests still serves its experts, and ranks may run
-any number of forwards per step.
+Lock-step: when a forward reaches its first MoE layer the ranks all-gather (tokens, state) on the gloo
+control group (host integers: no device sync); every MoE layer of that forward then exchanges with those
+counts, in layer order (a layer out of order is an error). A rank whose engine step ran no forward, or fewer
+forwards than another, calls `finish_tick`: it announces DONE and, for each forward the working ranks start,
+joins every layer's exchange with no tokens of its own, until every rank is done. So a rank with no requests
+still serves its experts, and ranks may run any number of forwards per step. Tokens and routing (bit-cast
+to the tokens' dtype) travel in one all-gather per layer.
 """
 
 from __future__ import annotations
@@ -40,22 +42,28 @@ class ExpertExchange:
     def __init__(self, ep: TPGroup, control: Any, layers: list[Any]) -> None:
         self.ep, self.control, self.layers = ep, control, layers
         self.slot = {id(m): i for i, m in enumerate(layers)}
+        self.counts: list[int] = []  # every rank's tokens in the forward under way
+        self.next_slot = 0  # the MoE layer the forward under way reaches next
         self.exchanges = 0  # exchanges this rank took part in (tests, timing)
 
     def dispatch(self, moe: Any, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """The routed experts' output [T, H] of this rank's tokens x [T, H] (weights w, global ids [T, k])."""
-        counts = self._announce(x.shape[0], self.slot[id(moe)], RankState.WORKING)
-        return self._exchange(moe, x, w, ids, counts)
+        slot = self.slot[id(moe)]
+        if slot != self.next_slot:
+            raise RuntimeError(f"MoE layer {slot} ran where layer {self.next_slot} was due (lock-step lost)")
+        if slot == 0:  # a forward starts: the ranks' token counts, once per forward
+            self.counts = self._gather_meta(x.shape[0], RankState.WORKING)[:, 0].tolist()
+        self.next_slot = (slot + 1) % len(self.layers)
+        return self._exchange(moe, x, w, ids, self.counts)
 
     def finish_tick(self) -> None:
-        """Serve the other ranks' exchanges until every rank has finished its step."""
+        """Serve the other ranks' forwards (every MoE layer, no tokens of this rank) until all ranks are done."""
         while True:
-            meta = self._gather_meta(0, -1, RankState.DONE)
-            working = meta[meta[:, 2] == RankState.WORKING]
-            if working.shape[0] == 0:
+            meta = self._gather_meta(0, RankState.DONE)
+            if not bool((meta[:, 1] == RankState.WORKING).any()):
                 return
-            moe = self.layers[_one_slot(working[:, 1])]
-            self._exchange_empty(moe, meta[:, 0].tolist())
+            for moe in self.layers:
+                self._exchange_empty(moe, meta[:, 0].tolist())
 
     def close(self) -> None:
         """Unhook the MoE blocks (they and the exchange refer to each other: this frees the groups at once)."""
@@ -63,16 +71,11 @@ class ExpertExchange:
             m.exchange = None
         self.layers, self.slot = [], {}
 
-    def _announce(self, tokens: int, slot: int, state: RankState) -> list[int]:
-        meta = self._gather_meta(tokens, slot, state)
-        _one_slot(meta[meta[:, 2] == RankState.WORKING][:, 1])
-        return meta[:, 0].tolist()
-
-    def _gather_meta(self, tokens: int, slot: int, state: RankState) -> torch.Tensor:
-        """[world, 3] int64: (tokens, MoE layer, state) of every rank."""
+    def _gather_meta(self, tokens: int, state: RankState) -> torch.Tensor:
+        """[world, 2] int64: (tokens, state) of every rank."""
         import torch.distributed as dist
 
-        mine = torch.tensor([tokens, slot, int(state)], dtype=torch.int64)
+        mine = torch.tensor([tokens, int(state)], dtype=torch.int64)
         parts = [torch.empty_like(mine) for _ in range(self.ep.world)]
         dist.all_gather(parts, mine, group=self.control)
         return torch.stack(parts)
@@ -87,16 +90,16 @@ class ExpertExchange:
     def _exchange(self, moe: Any, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor,
                   counts: list[int]) -> torch.Tensor:
         self.exchanges += 1
-        t, t_max = x.shape[0], max(counts)
+        t, t_max, h, k = x.shape[0], max(counts), x.shape[1], ids.shape[1]
         if t_max == 0:
             return x.new_zeros(x.shape)
-        xs = self.ep.all_gather(_pad(x, t_max, 0.0), dim=0)  # [N * t_max, H]
         rdt = moe.router_weight.dtype  # fp32 (fp64 for fp64 models): ids are exact below 2**24 experts
-        routing = torch.cat((w.to(rdt), ids.to(rdt)), dim=1)
-        routing = self.ep.all_gather(_pad(routing, t_max, float(moe.m.num_experts)), dim=0)
-        k = ids.shape[1]
-        w_all, ids_all = routing[:, :k], routing[:, k:].long()
-        y = moe.experts(xs, w_all.to(w.dtype), ids_all - moe.first_expert)  # partial: this rank's experts
+        routing = _pad(torch.cat((w.to(rdt), ids.to(rdt)), dim=1), t_max, float(moe.m.num_experts))
+        rows = torch.cat((_pad(x, t_max, 0.0), routing.view(x.dtype)), dim=1)  # routing bit-cast: one gather
+        everyone = self.ep.all_gather(rows, dim=0)  # [N * t_max, H + routing]
+        routing = everyone[:, h:].contiguous().view(rdt)
+        ids_all = routing[:, k:].long() - moe.first_expert  # local ids (others' experts fall outside)
+        y = moe.experts(everyone[:, :h].contiguous(), routing[:, :k].to(w.dtype), ids_all)  # partial: this rank's
         return reduce_scatter_rows(y, self.ep, t_max)[:t]
 
 
@@ -107,14 +110,6 @@ def _pad(x: torch.Tensor, rows: int, value: float) -> torch.Tensor:
     out = x.new_full((rows, *x.shape[1:]), value)
     out[:x.shape[0]] = x
     return out
-
-
-def _one_slot(slots: torch.Tensor) -> int:
-    """The MoE layer every working rank is at (they must agree: a mismatch is a lock-step bug)."""
-    values = set(slots.tolist())
-    if len(values) > 1:
-        raise RuntimeError(f"attention-DP ranks are at different MoE layers {sorted(values)} (lock-step lost)")
-    return values.pop() if values else -1
 
 
 def reduce_scatter_rows(y: torch.Tensor, ep: TPGroup, rows: int) -> torch.Tensor:
