@@ -147,7 +147,7 @@ class MemoryPlan:
     def to_dict(self) -> dict:
         s = self.settings
         return {
-            "tp": s.tp, "ep": s.ep or s.tp, "weights": s.weights.value, "kv_cache_dtype": s.kv_cache_dtype,
+            "tp": s.tp, "ep": s.ep or s.tp, "attention_dp": s.attention_dp, "weights": s.weights.value, "kv_cache_dtype": s.kv_cache_dtype,
             "gpu_memory_gib": s.gpu_memory_gib, "gpu_memory_utilization": s.gpu_memory_utilization,
             "budget_bytes": self.budget_bytes, "weight_bytes": self.weight_bytes,
             "weight_bytes_by_part": dict(self.parts), "workspace_bytes": self.workspace_bytes,
