@@ -50,7 +50,8 @@ ASYNC_HELP = ("Overlap scheduling: schedule step N+1 while step N runs on the de
 WEIGHTS_DTYPE_HELP = ("auto: quantized checkpoints run as stored (MXFP8 layers, NVFP4 routed experts); "
                       "bfloat16: dequantize to the model dtype on load.")
 ATTENTION_DP_HELP = ("Attention data parallelism (needs --tp N > 1): N engines, each with its own requests and KV "
-                     "cache, attention with all heads; the MoE stays expert-parallel (tokens exchanged).")
+                     "cache, attention with all heads; the MoE stays expert-parallel (tokens exchanged). Batch, "
+                     "token and KV limits are per rank.")
 MAX_MODEL_LEN_HELP = ("Context (prompt + output) a request may reach, up to the model's max_position_embeddings "
                       "and the KV pool (default: the most both allow).")
 
