@@ -28,7 +28,7 @@ from m3bench.runtime.distributed.groups import (
     rank_device,
     torchrun_rank,
 )
-from m3bench.runtime.distributed.launcher import WorkerPool
+from m3bench.runtime.distributed.launcher import WorkerPool, spawn_ranks
 from m3bench.runtime.distributed.protocol import (
     Op,
     kv_code,
@@ -171,14 +171,7 @@ def start_driver(world: int, spec: WorkerSpec) -> Driver | None:
     launched = torchrun_rank(world)
     if launched is not None:
         return _join_torchrun(world, spec, *launched)
-    pool = WorkerPool.spawn(world, spec)
-    try:
-        pool.wait_ready()
-        groups = init_groups(0, world, pool.init_method, rank_device(spec.device, 0))
-    except BaseException:
-        pool.stop(graceful=False)
-        raise
-    return _register(Driver(groups, pool))
+    return _register(Driver(*spawn_ranks(world, spec)))
 
 
 def check_fits(spec: WorkerSpec, world: int) -> None:

@@ -148,15 +148,17 @@ def agree_min(control: Any, value: int) -> int:
     return int(t.item())
 
 
-def spawned_main(rank: int, world: int, init_method: str, spec: WorkerSpec, run_dir: str, parent_pid: int) -> None:
-    """Entry point of a spawned worker: errors go to run_dir/worker<rank>.err and exit code 1."""
+def spawned_main(rank: int, world: int, init_method: str, spec: WorkerSpec, run_dir: str, parent_pid: int,
+                 serve_fn: Any = None) -> None:
+    """Entry point of a spawned worker: errors go to run_dir/worker<rank>.err and exit code 1. `serve_fn(spec,
+    groups)` is the rank's work (default `serve`; attention DP: distributed/attention_dp.serve_rank)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is rank 0's to handle; it then stops us
     _watch_parent(parent_pid, run_dir)
     try:
         device = rank_device(spec.device, rank)
         Path(run_dir, f"worker{rank}.ready").touch()  # rank 0 joins the rendezvous once every worker got here
         groups = init_groups(rank, world, init_method, device)
-        serve(spec, groups)
+        (serve_fn or serve)(spec, groups)
         destroy_groups(groups)
     except BaseException:  # noqa: BLE001 - any failure must reach rank 0 as a message, then exit
         text = traceback.format_exc()
