@@ -5,8 +5,8 @@ step, and whether the device was still busy when step() returned.
     python benchmarks/overlap_speed.py --cpu-smoke     # tiny Qwen2 on CPU (the plumbing; no overlap on CPU)
 
 One LLM per model (dummy weights, bf16, CUDA graphs); its runner, scheduler and pool are driven by a
-synchronous `Engine` and an `OverlapEngine` in turn. Per batch size B: B prompts of 128 random tokens,
-`--tokens` new tokens each (ignore_eos), one warm-up generate, then the timed one. Columns:
+synchronous `Engine` and an overlapped one (`Engine(..., overlap=True)`) in turn. Per batch size B: B prompts
+of 128 random tokens, `--tokens` new tokens each (ignore_eos), one warm-up generate, then the timed one. Columns:
   tok/s          generated tokens / wall seconds of the timed generate (prefill included)
   step ms        median over requests of the host time between consecutive tokens
   graph ms       the captured decode graph of that batch, replayed alone (the device's share)
@@ -31,7 +31,7 @@ import torch  # noqa: E402
 
 from decode_setup import engine_step_ms, engine_variants, replay_ms  # noqa: E402
 
-from m3bench.runtime.overlap_engine import OverlapEngine  # noqa: E402
+from m3bench.runtime.engine import Engine  # noqa: E402
 
 
 def model_configs(cpu_smoke: bool, m3_layers: int) -> dict:
@@ -61,11 +61,12 @@ def _cuda(llm) -> bool:
     return llm.device.type == "cuda"
 
 
-class ProbedOverlapEngine(OverlapEngine):
-    """Counts the steps whose launched work was still running on the device when step() returned."""
+class ProbedOverlapEngine(Engine):
+    """An overlapped Engine that counts the steps whose launched work was still running on the device when
+    step() returned."""
 
     def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, overlap=True, **kwargs)
         self.busy = self.returned = 0
 
     def step(self):
