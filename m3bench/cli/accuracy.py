@@ -12,7 +12,6 @@ OUT/<task>-<run key>.summary.json, whose path is printed on stdout; the table go
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
@@ -25,7 +24,6 @@ from m3bench.cli.engine_flags import ENGINE, EngineFlags, engine_flags
 from m3bench.cli.errors import EXIT_OK, EXIT_REGRESSION, M3BenchError, user_errors
 from m3bench.cli.out_lock import out_lock
 
-TINY_MODEL_ID = "m3bench/tiny-m3"  # the random tiny checkpoint (runtime/tiny.py) of tests
 SMOKE_MODEL_ID = "m3bench/tiny-m3-skill"  # the shipped trained tiny checkpoint (runtime/tiny_skill.py): smoke runs
 KV_QUANT_ALGO = {"fp8": "FP8", "nvfp4": "NVFP4", "hybrid": "HYBRID"}  # others: not quantized (None)
 QUANT_ALGO = {"nvfp4": "NVFP4", "mxfp8": "MXFP8"}
@@ -313,25 +311,6 @@ def smoke_data_dir() -> Path:
     from m3bench.runtime.tiny_skill import shipped_task_set
 
     return cached_task_set(shipped_task_set())
-
-
-def ensure_tiny_checkpoint() -> Path:
-    """The random tiny checkpoint (`write_tiny_checkpoint(seed=0)`), written once into ~/.cache/m3bench/tiny-m3."""
-    from m3bench.evals.datasets import cache_dir
-    from m3bench.runtime.tiny import write_tiny_checkpoint
-
-    dest = cache_dir() / "tiny-m3"
-    if (dest / "config.json").is_file():
-        return dest
-    tmp = dest.with_name(f"tiny-m3.tmp-{os.getpid()}")
-    write_tiny_checkpoint(tmp)
-    try:
-        tmp.rename(dest)
-    except OSError:  # another process wrote it first
-        import shutil
-
-        shutil.rmtree(tmp, ignore_errors=True)
-    return dest
 
 
 def print_table(summaries: list[dict[str, Any]], model_id: str) -> None:

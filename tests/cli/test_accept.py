@@ -107,7 +107,8 @@ def test_smoke_run_passes_its_golden_reference(tmp_path, monkeypatch):
     from m3bench.evals.references import AcceptanceProtocol, RunSpec, find_acceptance_reference
 
     monkeypatch.setenv("M3BENCH_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("M3BENCH_DATA", str(tmp_path / "nowhere"))  # not read: the smoke run brings its data
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.setenv("M3BENCH_DATA", str(tmp_path / "elsewhere"))  # not read: the smoke run brings its data
     res = runner.invoke(app, ["accept", "--out", str(tmp_path), "--no-progress"])
     assert res.exit_code == 0, res.output
     s = _summary(res)

@@ -30,11 +30,12 @@ def test_smoke_run_matches_golden_references(tmp_path):
     assert [s["task"] for s in summaries] == [t.task for t in SMOKE_TASKS]
     recorded = shipped_task_set().sha256
     for s, t in zip(summaries, SMOKE_TASKS):
-        protocol = get_protocol(Task(t.task)).measured_with(Settings(t.num_fewshot, t.limit, t.max_tokens))
-        golden = find_accuracy_reference(s["task"], SMOKE_MODEL_ID, RunSpec(), protocol)
+        proto = get_protocol(Task(t.task))
+        golden = find_accuracy_reference(proto.dataset.value, SMOKE_MODEL_ID, RunSpec(),
+                                         proto.measured_with(Settings(t.num_fewshot, t.limit, t.max_tokens)))
         assert s["verdict"] == "pass" and s["n"] == golden.num_samples
         assert abs(s["score"] - golden.accuracy) <= 2 * 100 / s["n"] + 1e-9  # within two flipped items
         assert s["metadata"]["data"]["test"]["kind"] == "local"
-        dataset = get_protocol(Task(t.task)).dataset.value
-        assert Path(s["metadata"]["data"]["test"]["location"]).name == "test.jsonl" and f"{dataset}/test.jsonl" in recorded
+        assert s["metadata"]["data"]["test"]["location"].endswith(f"{proto.dataset.value}/test.jsonl")
+        assert f"{proto.dataset.value}/test.jsonl" in recorded
     assert list((tmp_path / "cache" / "synthetic").glob("seed*/gsm8k/test.jsonl"))
