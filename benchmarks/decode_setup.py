@@ -194,7 +194,8 @@ def engine_variants(llm, overlap_cls=None) -> dict:
 
     e = llm.engine
     args = (e.runner, e.scheduler, e.sampler, e.tokenizer, tuple(e.eos), e.max_model_len)
-    return {"sync": Engine(*args), "async": overlap_cls(*args) if overlap_cls else Engine(*args, overlap=True)}
+    kw = {"spec": e.spec}  # speculation (None without a draft) is the loop's strategy under both
+    return {"sync": Engine(*args, **kw), "async": overlap_cls(*args, **kw) if overlap_cls else Engine(*args, overlap=True, **kw)}
 
 
 def engine_step_ms(outputs) -> float:

@@ -46,7 +46,7 @@ DraftKVChoice, AttentionChoice, WeightsDtypeChoice = _choice(DraftKV), _choice(A
 CUDA_GRAPHS_HELP = ("Capture CUDA graphs of the decode step (with --draft: of the verify and draft steps). "
                     "Default: on for CUDA at TP 1.")
 ASYNC_HELP = ("Overlap scheduling: schedule step N+1 while step N runs on the device (same outputs). "
-              "Default: on for CUDA at TP 1 without --draft; with --draft or at --tp > 1 when asked.")
+              "Default: on for CUDA at TP 1 (with --draft too); at --tp > 1 when asked.")
 WEIGHTS_DTYPE_HELP = ("auto: quantized checkpoints run as stored (MXFP8 layers, NVFP4 routed experts); "
                       "bfloat16: dequantize to the model dtype on load.")
 ATTENTION_DP_HELP = ("Attention data parallelism (needs --tp N > 1): N engines, each with its own requests and KV "

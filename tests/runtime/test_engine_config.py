@@ -82,8 +82,8 @@ def test_resolve_on_a_cpu_machine():
 def test_resolve_on_a_cuda_machine():
     cfg = resolve(EngineConfig("ckpt"), TWO_GPUS)
     assert (cfg.device, cfg.dtype, cfg.cuda_graphs, cfg.async_scheduling) == ("cuda", DType.BFLOAT16, True, True)
-    spec = resolve(EngineConfig("ckpt", draft="d"), TWO_GPUS)  # speculation: graphs on, overlap only when asked
-    assert (spec.cuda_graphs, spec.async_scheduling) == (True, False)
+    spec = resolve(EngineConfig("ckpt", draft="d"), TWO_GPUS)  # speculation: graphs and overlap on (measured)
+    assert (spec.cuda_graphs, spec.async_scheduling) == (True, True)
     tp = resolve(EngineConfig("ckpt", tensor_parallel_size=2), TWO_GPUS)  # TP: neither yet
     assert (tp.cuda_graphs, tp.async_scheduling) == (False, False)
     off = resolve(EngineConfig("ckpt", cuda_graphs=False, async_scheduling=False, dtype="float16"), TWO_GPUS)
