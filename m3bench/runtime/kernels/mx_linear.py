@@ -1,0 +1,113 @@
+"""Decode MXFP8 linear kernels (kernels/mx_tiles_triton.py): tile choice, split-K workspace, launch.
+
+    y = mx_linear(x [M, K], weight fp8 [N, K], scale uint8 E8M0 [N, K/32], bias | None, tiles=mx_tiles(M, N, K))
+
+M <= GEMV_MAX_ROWS runs the GEMV kernel (no tensor cores), larger M the dequantize-then-one-dot kernel.
+K is split until the grid holds about TARGET_PROGRAMS programs; the splits of a tile meet through a
+per-tile counter (one zeroed int32 buffer per device, reset by the kernel itself) and an fp32 partial
+buffer, so a launch is one kernel. Launches on one device must not overlap in time (one stream), as the
+counters are shared.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from enum import Enum
+
+import torch
+
+from m3bench.runtime.kernels.backend import interpreting, next_pow2
+
+GEMV_MAX_ROWS = 2
+TARGET_PROGRAMS = {"gemv": 528, "dot": 264}  # 4 (small GEMV programs) / 2 programs per SM of 132
+MAX_SPLIT = 16
+COUNTERS = 1 << 16  # output tiles of one launch, at most
+
+
+class MxKernel(Enum):
+    GEMV = "gemv"
+    DOT = "dot"
+
+
+@dataclass(frozen=True)
+class MxTiles:
+    kernel: MxKernel
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def grid(self, m: int, n: int) -> tuple[int, int]:
+        m_tiles = 1 if self.kernel is MxKernel.GEMV else math.ceil(m / self.block_m)
+        return m_tiles * math.ceil(n / self.block_n), self.split_k
+
+
+def block_k_for(k: int, largest: int) -> int:
+    """The largest power-of-two BLOCK_K <= largest (>= 32) that divides K (K a multiple of 32)."""
+    bk = largest
+    while bk > 32 and k % bk:
+        bk //= 2
+    return bk
+
+
+def split_for(tiles: int, k: int, block_k: int, target: int) -> int:
+    """The smallest divisor of K / BLOCK_K (<= MAX_SPLIT) that brings the grid to `target` programs."""
+    steps = k // block_k
+    divisors = [d for d in range(1, min(steps, MAX_SPLIT) + 1) if steps % d == 0]
+    return next((d for d in divisors if tiles * d >= target), divisors[-1])
+
+
+def mx_tiles(m: int, n: int, k: int, kernel: MxKernel | None = None) -> MxTiles:
+    """Decode tiles: GEMV (BLOCK_N 16, BLOCK_K 512) for M <= GEMV_MAX_ROWS, else the dot kernel
+    (BLOCK_N 64: one wgmma row group, BLOCK_M the batch padded to 16..64, BLOCK_K 256)."""
+    kernel = kernel or (MxKernel.GEMV if m <= GEMV_MAX_ROWS else MxKernel.DOT)
+    if kernel is MxKernel.GEMV:
+        bm, bn, bk, stages = next_pow2(max(1, m)), 16, block_k_for(k, 512), 2
+    else:
+        bm, bn, bk, stages = min(64, max(16, next_pow2(m))), 64, block_k_for(k, 256), 3
+    tiles = (1 if kernel is MxKernel.GEMV else math.ceil(m / bm)) * math.ceil(n / bn)
+    return MxTiles(kernel, bm, bn, bk, split_for(tiles, k, bk, TARGET_PROGRAMS[kernel.value]), 4, stages)
+
+
+@functools.cache
+def _counters(device: torch.device) -> torch.Tensor:
+    return torch.zeros(COUNTERS, dtype=torch.int32, device=device)
+
+
+def split_counters(device: torch.device) -> torch.Tensor:
+    """The device's zeroed per-tile counters (each launch leaves them zero)."""
+    return _counters(torch.device(device.type, device.index if device.index is not None else 0)
+                     if device.type == "cuda" else device)
+
+
+def mx_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
+              tiles: MxTiles | None = None) -> torch.Tensor:
+    """x [M, K] (contiguous along K) @ dequant(weight, scale)^T (+ bias) -> [M, N] in x's dtype."""
+    from m3bench.runtime.kernels import mx_tiles_triton as kt
+
+    if weight.stride(-1) != 1 or scale.stride(-1) != 1:
+        raise ValueError("MXFP8 weight and scale must be contiguous along K")
+    (m, k), n = x.shape, weight.shape[0]
+    t = tiles or mx_tiles(m, n, k)
+    if t.kernel is MxKernel.GEMV and m > t.block_m:
+        raise ValueError(f"the GEMV kernel takes at most block_m {t.block_m} rows, got {m}")
+    if k % (t.split_k * t.block_k):
+        raise ValueError(f"split_k {t.split_k} x block_k {t.block_k} does not divide K {k}")
+    y = x.new_empty((m, n))
+    grid = t.grid(m, n)
+    if grid[0] > COUNTERS:
+        raise ValueError(f"{grid[0]} output tiles exceed the {COUNTERS} split counters")
+    parts = x.new_empty((t.split_k, m, n) if t.split_k > 1 else (1,), dtype=torch.float32)
+    args = (x, weight, scale.view(torch.uint8), bias if bias is not None else y, y, parts,
+            split_counters(x.device), m, x.stride(0), weight.stride(0), scale.stride(0), y.stride(0))
+    meta = dict(N=n, K=k, K_SPLIT=k // t.split_k, SPLIT=t.split_k, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
+                BLOCK_K=t.block_k, HAS_BIAS=bias is not None, num_warps=t.num_warps, num_stages=t.num_stages)
+    if t.kernel is MxKernel.GEMV:
+        kt.mx_gemv_kernel[grid](*args, **meta)
+    else:
+        kt.mx_dot_kernel[grid](*args, **meta, F32=x.dtype == torch.float32 or interpreting())
+    return y
