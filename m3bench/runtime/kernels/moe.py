@@ -8,13 +8,15 @@ contribute nothing; topk_weights [T, K] routing weights (already renormalized an
 MXFP8 experts: float8_e4m3fn weights plus `scales=MoeScales(gate, up, down)` (uint8 E8M0, one per 32
 inputs: [E, I, H/32], [E, I, H/32], [E, H, I/32]). NVFP4 experts: packed uint8 weights [E, I, H/2] /
 [E, H, I/2] plus `MoeScales(gate, up, down, gate_global, up_global, down_global)` (e4m3 per 16 inputs,
-fp32 global per row [E, I] / [E, H]). The kernels dequantize either in registers.
+fp32 global per row [E, I] / [E, H]). The kernels dequantize either in registers: by default those of
+kernels/moe_quant.py (whole tiles, one dot a K step); `tiles=MoeTiles(...)` runs the first ones (moe_triton.py).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -27,6 +29,9 @@ from m3bench.runtime.kernels.backend import (
     use_triton,
 )
 from m3bench.runtime.kernels.reference import MoeActivation
+
+if TYPE_CHECKING:
+    from m3bench.runtime.kernels.moe_quant import QuantMoeTiles
 
 _ACT_CODE = {MoeActivation.SWIGLUOAI: 0, MoeActivation.SILU: 1}
 
@@ -113,7 +118,7 @@ def fused_moe(
     limit: float = 7.0,
     out: torch.Tensor | None = None,
     backend: KernelBackend = KernelBackend.AUTO,
-    tiles: MoeTiles | None = None,
+    tiles: MoeTiles | QuantMoeTiles | None = None,
     scales: MoeScales | None = None,
 ) -> torch.Tensor:
     """sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t]) -> [T, H]."""
@@ -123,6 +128,11 @@ def fused_moe(
         return reference.fused_moe_ref(
             x, w_gate, w_up, w_down, topk_ids, topk_weights, activation, alpha, limit, out
         )
+    if scales is not None and not isinstance(tiles, MoeTiles):  # quantized: the tile-dequantizing kernels
+        from m3bench.runtime.kernels.moe_quant import fused_moe_quant
+
+        return fused_moe_quant(x, w_gate, w_up, w_down, topk_ids, topk_weights, activation, alpha, limit, out,
+                               scales, tiles)
     n_tok, top_k = topk_ids.shape
     n_exp = w_gate.shape[0]
     tiles = tiles or moe_tiles(n_tok * top_k, n_exp, w_gate.shape[1], x.shape[1])

@@ -114,14 +114,15 @@ def mx_gemv_kernel(
     N: tl.constexpr, K: tl.constexpr, K_SPLIT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):
-    """y[:M, n-tile] for M <= BLOCK_M (<= 4) rows: per row, fp32 products summed within each 32-block,
-    scaled by the block's power of two, summed over the blocks. Grid (N tiles, SPLIT)."""
+    """y[:M, n-tile] for M <= BLOCK_M (<= 4) rows: per row, fp32 products summed within each 32-block
+    (mostly in-thread), scaled by the block's power of two into a [BLOCK_M, BLOCK_N, BLOCK_K / 32]
+    accumulator; the cross-thread sum over the blocks runs once, after the K loop. Grid (N tiles, SPLIT)."""
     G: tl.constexpr = BLOCK_K // MX_BLOCK
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
     rows = tl.arange(0, BLOCK_M)
     g = tl.arange(0, G)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_N, G], tl.float32)
     w_rows = w_ptr + n.to(tl.int64) * s_wn
     k_begin = tl.program_id(1) * K_SPLIT
     for k0 in range(k_begin, k_begin + K_SPLIT, BLOCK_K):
@@ -133,11 +134,16 @@ def mx_gemv_kernel(
         blk = k0 // MX_BLOCK + g
         sc = e8m0_scale(tl.load(s_ptr + n.to(tl.int64)[:, None] * s_sn + blk[None, :], mask=s_ok, other=0))
         for r in tl.static_range(BLOCK_M):
-            xr = tl.load(x_ptr + r * s_xm + kk, mask=k_ok & (kk * 0 + r < M), other=0.0).to(tl.float32)
-            part = tl.sum(tl.sum(w * xr[None, :, :], axis=2) * sc, axis=1)  # [BLOCK_N]
-            acc = tl.where(rows[:, None] == r, acc + part[None, :], acc)
-    finish_tile(acc, rows, n, rows < M, n_ok, y_ptr, s_ym, b_ptr, part_ptr, cnt_ptr, tl.program_id(0), M, N,
-                SPLIT, HAS_BIAS)
+            # x read in the weight tile's own shape (L1 hits): no layout shuffle through shared memory
+            x_ok = (n_ok[:, None, None] | True) & k_ok[None, :, :] & (kk * 0 + r < M)[None, :, :]
+            xr = tl.load(x_ptr + r * s_xm + kk[None, :, :] + 0 * n[:, None, None], mask=x_ok, other=0.0)
+            part = tl.sum(w * xr.to(tl.float32), axis=2) * sc  # [BLOCK_N, G]
+            if BLOCK_M == 1:
+                acc += part[None, :, :]
+            else:
+                acc = tl.where(rows[:, None, None] == r, acc + part[None, :, :], acc)
+    finish_tile(tl.sum(acc, axis=2), rows, n, rows < M, n_ok, y_ptr, s_ym, b_ptr, part_ptr, cnt_ptr,
+                tl.program_id(0), M, N, SPLIT, HAS_BIAS)
 
 
 @triton.jit(do_not_specialize=["M"])

@@ -1,0 +1,101 @@
+"""Triton fused MoE over MXFP8 (FMT 1) or NVFP4 (FMT 2) experts: each K step dequantizes the whole expert
+weight tile in registers (mx_tiles_triton.mx_tile / nv_tile) and runs ONE tl.dot with the weight tile on
+the MMA's M side and the expert's block of pairs on its N side (swap AB: acc [BLOCK_N, BLOCK_M]).
+
+Pairs p = t * TOPK + k sorted by expert and padded to BLOCK_M (moe.moe_align); weights as in moe_triton.py.
+Programs past the padded pair count (read on the device) exit at once.
+"""
+
+import triton
+import triton.language as tl
+
+from m3bench.runtime.kernels.mx_tiles_triton import dot_acc, mx_tile, nv_tile
+
+
+@triton.jit
+def expert_tile(w_ptr, s_ptr, g_ptr, n, n_ok, k0, s_wn, s_sn, K: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr, F32: tl.constexpr, FMT: tl.constexpr):
+    """[BLOCK_N, BLOCK_K] dequantized weights of one expert (pointers already offset to the expert)."""
+    if FMT == 1:
+        return mx_tile(w_ptr, s_ptr, n, n_ok, k0, s_wn, s_sn, K, BLOCK_N, BLOCK_K, F32)
+    else:
+        return nv_tile(w_ptr, s_ptr, g_ptr, n, n_ok, k0, s_wn, s_sn, K, BLOCK_N, BLOCK_K, F32)
+
+
+@triton.jit
+def swiglu(g, u, alpha, limit, ACT: tl.constexpr):
+    """ACT 0 swigluoai: g=min(g, L), u=clamp(u, -L, L), g*sigmoid(alpha g)*(u+1); 1 silu(g)*u."""
+    if ACT == 0:
+        g = tl.minimum(g, limit)
+        u = tl.minimum(tl.maximum(u, -limit), limit)
+        return g / (1.0 + tl.exp(-alpha * g)) * (u + 1.0)
+    else:
+        return g / (1.0 + tl.exp(-g)) * u
+
+
+@triton.jit
+def pair_block(sorted_ptr, block_expert_ptr, n_pairs, pid_m, BLOCK_M: tl.constexpr):
+    """(expert, slots, pair ids, live-row mask) of the M-block pid_m."""
+    e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    slots = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(sorted_ptr + slots)
+    return e, slots, pair, pair < n_pairs
+
+
+@triton.jit(do_not_specialize=["n_pairs"])
+def moe_quant_gate_up_kernel(
+    x_ptr, wg_ptr, wu_ptr, inter_ptr, sorted_ptr, block_expert_ptr, n_post_ptr, n_pairs,
+    alpha, limit, s_xt, s_ge, s_gn, s_ue, s_un, s_it, sg_ptr, su_ptr, s_sge, s_sgn, s_sue, s_sun,
+    gg_ptr, gu_ptr, s_gge, s_gue,
+    H: tl.constexpr, I: tl.constexpr, TOPK: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACT: tl.constexpr, F32: tl.constexpr, FMT: tl.constexpr,
+):
+    """inter[slot, n] = act(x[tok] . wg[e, n], x[tok] . wu[e, n]); grid (M-blocks, I / BLOCK_N)."""
+    pid_m = tl.program_id(0)
+    if pid_m * BLOCK_M >= tl.load(n_post_ptr):
+        return
+    e, slots, pair, row_ok = pair_block(sorted_ptr, block_expert_ptr, n_pairs, pid_m, BLOCK_M)
+    x_rows = x_ptr + (pair // TOPK).to(tl.int64) * s_xt
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < I
+    acc_g = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    acc_u = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        xt = tl.trans(tl.load(x_rows[:, None] + kk[None, :], mask=row_ok[:, None] & (kk < H)[None, :], other=0.0))
+        wg = expert_tile(wg_ptr + e * s_ge, sg_ptr + e * s_sge, gg_ptr + e * s_gge, n, n_ok, k0, s_gn, s_sgn, H,
+                         BLOCK_N, BLOCK_K, F32, FMT)
+        acc_g = dot_acc(wg, xt, acc_g, F32)
+        wu = expert_tile(wu_ptr + e * s_ue, su_ptr + e * s_sue, gu_ptr + e * s_gue, n, n_ok, k0, s_un, s_sun, H,
+                         BLOCK_N, BLOCK_K, F32, FMT)
+        acc_u = dot_acc(wu, xt, acc_u, F32)
+    h = swiglu(acc_g, acc_u, alpha, limit, ACT)
+    out = inter_ptr + slots[None, :].to(tl.int64) * s_it + n[:, None]
+    tl.store(out, h.to(inter_ptr.dtype.element_ty), mask=n_ok[:, None] & row_ok[None, :])
+
+
+@triton.jit(do_not_specialize=["n_pairs"])
+def moe_quant_down_kernel(
+    inter_ptr, wd_ptr, y_ptr, sorted_ptr, block_expert_ptr, n_post_ptr, weights_ptr, n_pairs,
+    s_it, s_de, s_dn, s_yp, sd_ptr, s_sde, s_sdn, gd_ptr, s_gde,
+    I: tl.constexpr, H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, F32: tl.constexpr, FMT: tl.constexpr,
+):
+    """y[pair, n] = routing_weight[pair] * inter[slot] . wd[e, n]; grid (M-blocks, H / BLOCK_N)."""
+    pid_m = tl.program_id(0)
+    if pid_m * BLOCK_M >= tl.load(n_post_ptr):
+        return
+    e, slots, pair, row_ok = pair_block(sorted_ptr, block_expert_ptr, n_pairs, pid_m, BLOCK_M)
+    a_rows = inter_ptr + slots.to(tl.int64) * s_it
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < H
+    acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    for k0 in range(0, I, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        at = tl.trans(tl.load(a_rows[:, None] + kk[None, :], mask=row_ok[:, None] & (kk < I)[None, :], other=0.0))
+        w = expert_tile(wd_ptr + e * s_de, sd_ptr + e * s_sde, gd_ptr + e * s_gde, n, n_ok, k0, s_dn, s_sdn, I,
+                        BLOCK_N, BLOCK_K, F32, FMT)
+        acc = dot_acc(w, at, acc, F32)
+    acc *= tl.load(weights_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)[None, :]
+    out = y_ptr + pair[None, :].to(tl.int64) * s_yp + n[:, None]
+    tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=n_ok[:, None] & row_ok[None, :])
