@@ -21,7 +21,9 @@ from m3bench.runtime.kernels import (
     add_norm_triton,
     attention_triton,
     kv_write_triton,
+    moe_quant_triton,
     moe_triton,
+    mx_tiles_triton,
     msa_index_triton,
     mxfp8_triton,
     norm_rope_triton,
@@ -31,8 +33,8 @@ from m3bench.runtime.kernels import kv_quant as kq
 from m3bench.runtime.kernels.attention import paged_attention
 from m3bench.runtime.kernels.backend import KernelBackend
 from m3bench.runtime.kernels.kv_write import write_pages
-from m3bench.runtime.kernels.moe import MoeScales, MoeTiles, fused_moe
-from m3bench.runtime.kernels.mxfp8 import mxfp8_linear
+from m3bench.runtime.kernels.moe import MoeScales, MoeTiles, fused_moe, moe_tiles
+from m3bench.runtime.kernels.mxfp8 import linear_tiles, mxfp8_linear
 from m3bench.runtime.kernels.msa_index import msa_select_blocks
 from m3bench.runtime.kernels.add_norm import add_rms_norm_fused
 from m3bench.runtime.kernels.norm_rope import Branch, norm_rope_write
@@ -74,7 +76,7 @@ def compile_launch(fn, args, kwargs):
 
 def record_all(q_lens):
     for mod in (attention_triton, msa_index_triton, moe_triton, kv_write_triton, mxfp8_triton, router_triton,
-                add_norm_triton, norm_rope_triton):
+                add_norm_triton, norm_rope_triton, mx_tiles_triton, moe_quant_triton):
         for name in dir(mod):
             if isinstance(getattr(mod, name), triton.JITFunction) and name.endswith("_kernel"):
                 setattr(mod, name, Recorder(getattr(mod, name)))
@@ -121,6 +123,8 @@ def record_mxfp8(T):
                            torch.empty(16, 6144, 96, dtype=torch.uint8))
         ids = torch.randint(0, 16, (n_tok, 4), dtype=torch.int32)
         fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T, scales=scales)
+        old = moe_tiles(n_tok * 4, 16, 3072, 6144)
+        fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T, scales=scales, tiles=old)
         e4m3 = torch.float8_e4m3fn
         nv = MoeScales(torch.empty(16, 3072, 384, dtype=e4m3), torch.empty(16, 3072, 384, dtype=e4m3),
                        torch.empty(16, 6144, 192, dtype=e4m3), torch.empty(16, 3072), torch.empty(16, 3072),
@@ -129,7 +133,9 @@ def record_mxfp8(T):
                   torch.empty(16, 6144, 1536, dtype=torch.uint8), ids, torch.rand(n_tok, 4), backend=T, scales=nv)
         for n, k in ((1024 + 2 * 128 + 128 + 128, 6144), (6144, 1024), (2 * 384, 6144), (6144, 384)):
             w, sc = torch.empty(n, k, dtype=torch.float8_e4m3fn), torch.empty(n, k // 32, dtype=torch.uint8)
-            mxfp8_linear(torch.randn(n_tok, k).to(torch.bfloat16), w, sc, backend=T)
+            for m in sorted({n_tok, 2, 4, 16}):  # the GEMV (1, 2 rows) and dot (4..64) decode kernels
+                mxfp8_linear(torch.randn(m, k).to(torch.bfloat16), w, sc, backend=T)
+            mxfp8_linear(torch.randn(n_tok, k).to(torch.bfloat16), w, sc, backend=T, tiles=linear_tiles(n_tok, n, k))
 
 
 def record_fused(caches, x3):
