@@ -1,0 +1,150 @@
+"""The tile-dequantizing MXFP8 / NVFP4 decode kernels (Triton interpreter) against dequantize-then-matmul in
+fp64, on fresh random inputs: the GEMV and dot linear kernels with split K, and the quantized fused MoE."""
+
+import pytest
+import torch
+
+from m3bench.runtime import quant
+from m3bench.runtime.kernels.backend import KernelBackend
+from m3bench.runtime.kernels.moe import MoeScales, fused_moe
+from m3bench.runtime.kernels.moe_quant import QuantMoeTiles, quant_moe_tiles
+from m3bench.runtime.kernels.mx_linear import MxKernel, MxTiles, mx_tiles, split_counters
+from m3bench.runtime.kernels.mxfp8 import mxfp8_linear
+from m3bench.runtime.kernels.reference import fused_moe_ref
+
+pytestmark = pytest.mark.usefixtures("triton_interpreter")
+T = KernelBackend.TRITON
+GEMV, DOT = MxKernel.GEMV, MxKernel.DOT
+
+
+def _mx(g, *shape):
+    """Random MXFP8 weights with scales spread over several exponents."""
+    w = torch.randn(*shape, generator=g) * torch.exp2(torch.randint(-4, 4, (*shape[:-1], 1), generator=g).float())
+    return quant.quant_mxfp8(w)
+
+
+def _want(x, w, s, b=None):
+    return torch.nn.functional.linear(x.double(), quant.dequant_mxfp8(w, s, torch.float64),
+                                      None if b is None else b.double())
+
+
+@pytest.mark.parametrize("m, n, k, tiles", [
+    (1, 48, 64, MxTiles(GEMV, 1, 16, 64)),
+    (2, 40, 256, MxTiles(GEMV, 2, 16, 64, split_k=2)),   # ragged N, two K pieces
+    (3, 24, 384, MxTiles(GEMV, 4, 16, 128, split_k=3)),  # 3 of 4 rows live, 3 pieces
+    (5, 40, 96, MxTiles(DOT, 16, 32, 32, split_k=3)),
+    (33, 24, 128, MxTiles(DOT, 32, 16, 32, split_k=4)),  # two M tiles
+    (3, 24, 512, None), (17, 64, 256, None),
+])
+@pytest.mark.parametrize("bias", [False, True])
+def test_decode_linear_matches_dequantized_fp64(m, n, k, tiles, bias):
+    g = torch.Generator().manual_seed(m * 100 + n + k + bias)
+    w, s = _mx(g, n, k)
+    x = torch.randn(m, k, generator=g)
+    b = torch.randn(n, generator=g) if bias else None
+    got = mxfp8_linear(x, w, s, b, backend=T, tiles=tiles)
+    assert got.dtype == torch.float32 and torch.allclose(got.double(), _want(x, w, s, b), atol=1e-4, rtol=1e-4)
+
+
+def test_split_k_counters_are_left_zero_and_results_repeat():
+    """The last split of a tile resets its counter: a second launch sums the same way (deterministic)."""
+    g = torch.Generator().manual_seed(5)
+    w, s = _mx(g, 32, 512)
+    x = torch.randn(2, 512, generator=g)
+    for tiles in (MxTiles(GEMV, 2, 16, 64, split_k=8), MxTiles(DOT, 16, 16, 64, split_k=4)):
+        first = mxfp8_linear(x, w, s, backend=T, tiles=tiles)
+        assert not split_counters(x.device).any()
+        assert torch.equal(mxfp8_linear(x, w, s, backend=T, tiles=tiles), first)
+        assert torch.allclose(first.double(), _want(x, w, s), atol=1e-4, rtol=1e-4)
+
+
+def test_decode_linear_reads_each_block_scale():
+    """One E8M0 block of one row doubled: only that output column changes, by that block's share."""
+    g = torch.Generator().manual_seed(3)
+    w, s = _mx(g, 32, 128)
+    x = torch.randn(1, 128, generator=g)
+    for tiles in (MxTiles(GEMV, 1, 16, 64, split_k=2), MxTiles(DOT, 16, 16, 64, split_k=2)):
+        y = mxfp8_linear(x, w, s, backend=T, tiles=tiles)
+        s2 = s.clone()
+        s2[5, 3] += 1
+        y2 = mxfp8_linear(x, w, s2, backend=T, tiles=tiles)
+        block = (x[0, 96:].double() * quant.dequant_mxfp8(w, s, torch.float64)[5, 96:]).sum()
+        assert torch.allclose((y2 - y)[0, 5].double(), block, atol=1e-4)
+        assert ((y2 - y).abs()[0] > 0).tolist() == [i == 5 for i in range(32)]
+
+
+def test_decode_tiles_fill_the_gpu_at_rank_shapes():
+    t = mx_tiles(1, 1536, 6144)  # qkv + index of a TP8 rank at batch 1
+    assert t.kernel is GEMV and (t.block_n, t.block_k) == (16, 512) and 1536 // 16 * t.split_k >= 528
+    assert 6144 % (t.split_k * t.block_k) == 0
+    t64 = mx_tiles(64, 6144, 384)  # shared expert down at batch 64: BLOCK_K 128 divides 384
+    assert t64.kernel is DOT and t64.block_m == 64 and 384 % (t64.split_k * t64.block_k) == 0
+    assert mx_tiles(4, 6144, 1024).kernel is DOT and mx_tiles(2, 6144, 1024).block_m == 2
+
+
+def test_gemv_refuses_more_rows_than_its_block():
+    g = torch.Generator().manual_seed(1)
+    w, s = _mx(g, 16, 64)
+    with pytest.raises(ValueError, match="at most block_m"):
+        mxfp8_linear(torch.randn(3, 64), w, s, backend=T, tiles=MxTiles(GEMV, 2, 16, 64))
+
+
+def _routing(g, n_tok, top_k, n_exp):
+    ids = torch.randint(-1, n_exp + 1, (n_tok, top_k), generator=g, dtype=torch.int32)  # -1 / n_exp: not local
+    ids[0] = torch.arange(top_k)
+    return ids, torch.rand(n_tok, top_k, generator=g) + 0.1
+
+
+def _nv(g, n_exp, rows, cols):
+    """Stacked NVFP4 experts with a different global scale per expert (one per row, as the layer keeps them)."""
+    parts = [quant.quant_nvfp4(torch.randn(rows, cols, generator=g) * (e + 1)) for e in range(n_exp)]
+    glob = torch.stack([p[2].expand(rows) for p in parts]).contiguous()
+    return torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts]), glob
+
+
+@pytest.mark.parametrize("tiles", [None, QuantMoeTiles(16, 32, 32), QuantMoeTiles(32, 16, 64)])
+def test_quant_moe_mxfp8_matches_dequantized_fp64(tiles):
+    g = torch.Generator().manual_seed(11)
+    n_tok, top_k, n_exp, hidden, inter = 7, 2, 4, 64, 96
+    (wgu, sgu), (wd, sd) = _mx(g, n_exp, 2 * inter, hidden), _mx(g, n_exp, hidden, inter)
+    ids, w = _routing(g, n_tok, top_k, n_exp)
+    x = torch.randn(n_tok, hidden, generator=g)
+    scales = MoeScales(sgu[:, :inter], sgu[:, inter:], sd)  # views into the stacked gate|up, as the layer keeps them
+    got = fused_moe(x, wgu[:, :inter], wgu[:, inter:], wd, ids, w, backend=T, tiles=tiles, scales=scales)
+    dgu, dd = quant.dequant_mxfp8(wgu, sgu, torch.float64), quant.dequant_mxfp8(wd, sd, torch.float64)
+    want = fused_moe_ref(x.double(), dgu[:, :inter], dgu[:, inter:], dd, ids, w.double())
+    assert torch.allclose(got.double(), want, atol=1e-4 * want.abs().max().item(), rtol=1e-4)
+
+
+@pytest.mark.parametrize("tiles", [None, QuantMoeTiles(16, 32, 32)])
+def test_quant_moe_nvfp4_matches_dequantized_fp64(tiles):
+    g = torch.Generator().manual_seed(12)
+    n_tok, top_k, n_exp, hidden, inter = 6, 2, 4, 64, 96
+    (pgu, sgu, ggu), (pd, sd, gd) = _nv(g, n_exp, 2 * inter, hidden), _nv(g, n_exp, hidden, inter)
+    ids, w = _routing(g, n_tok, top_k, n_exp)
+    x, i = torch.randn(n_tok, hidden, generator=g), inter
+    scales = MoeScales(sgu[:, :i], sgu[:, i:], sd, ggu[:, :i], ggu[:, i:], gd)
+    got = fused_moe(x, pgu[:, :i], pgu[:, i:], pd, ids, w, backend=T, tiles=tiles, scales=scales)
+    dgu, dd = quant.dequant_nvfp4(pgu, sgu, ggu, torch.float64), quant.dequant_nvfp4(pd, sd, gd, torch.float64)
+    want = fused_moe_ref(x.double(), dgu[:, :i], dgu[:, i:], dd, ids, w.double())
+    assert torch.allclose(got.double(), want, atol=1e-4 * want.abs().max().item(), rtol=1e-4)
+
+
+def test_quant_moe_nvfp4_tile_decodes_every_code():
+    """All 16 E2M1 codes in both nibbles through the new gate/up kernel (one expert, identity inputs)."""
+    codes = torch.arange(16).repeat(4)  # 64 inputs
+    packed = quant.pack_e2m1(codes.view(1, -1).expand(32, -1)).view(1, 32, 32)
+    scale = torch.ones(1, 32, 4).to(torch.float8_e4m3fn)
+    glob = torch.full((1, 32), 0.5)
+    down_p, down_s, down_g = _nv(torch.Generator().manual_seed(1), 1, 64, 32)
+    x = torch.eye(64)[:5]
+    ids, w = torch.zeros(5, 1, dtype=torch.int32), torch.ones(5, 1)
+    scales = MoeScales(scale, scale, down_s, glob, glob, down_g)
+    got = fused_moe(x, packed, packed, down_p, ids, w, backend=T, tiles=QuantMoeTiles(16, 32, 64), scales=scales)
+    ref = fused_moe(x, packed, packed, down_p, ids, w, backend=KernelBackend.TORCH, scales=scales)
+    assert torch.allclose(got, ref, atol=1e-5)
+
+
+def test_quant_moe_tiles_grow_with_pairs_per_expert():
+    assert quant_moe_tiles(4, 16).block_m == 16  # decode batch 1: four pairs over 16 experts
+    assert quant_moe_tiles(64 * 4, 16).block_m == 32 and quant_moe_tiles(4096, 16).block_m == 64
