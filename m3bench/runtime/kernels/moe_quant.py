@@ -43,6 +43,15 @@ def _scale(s: torch.Tensor) -> torch.Tensor:
     return s if s.dtype == torch.float8_e4m3fn else s.view(torch.uint8)
 
 
+def _words(w: torch.Tensor, nvfp4: bool) -> tuple[torch.Tensor, int, int]:
+    """(weights, expert stride, row stride) for the kernels: packed NVFP4 as int32 words (8 codes each)."""
+    if nvfp4:
+        if w.shape[-1] % 4 or w.stride(1) % 4 or w.stride(0) % 4 or w.storage_offset() % 4:
+            raise ValueError("NVFP4 expert rows must be whole int32 words (16 inputs)")
+        w = w.view(torch.int32)
+    return w, w.stride(0), w.stride(1)
+
+
 def _glob(g: torch.Tensor | None, w: torch.Tensor) -> tuple[torch.Tensor, int]:
     """(per-row NVFP4 global scales [E, rows], expert stride); the weight as a dummy for MXFP8."""
     if g is None:
@@ -81,9 +90,10 @@ def _gate_up(x, wg, wu, h, sorted_ids, block_expert, n_post, top_k, act, alpha, 
     sg, su = _scale(scales.gate), _scale(scales.up)
     (gg, gge), (gu, gue) = _glob(scales.gate_global, wg), _glob(scales.up_global, wu)
     grid = (block_expert.shape[0], math.ceil(wg.shape[1] / t.block_n))
+    (wg, s_ge, s_gn), (wu, s_ue, s_un) = _words(wg, fmt == 2), _words(wu, fmt == 2)
     moe_quant_gate_up_kernel[grid](
         x, wg, wu, h, sorted_ids, block_expert, n_post, top_k * x.shape[0], alpha, limit,
-        x.stride(0), wg.stride(0), wg.stride(1), wu.stride(0), wu.stride(1), h.stride(0),
+        x.stride(0), s_ge, s_gn, s_ue, s_un, h.stride(0),
         sg, su, sg.stride(0), sg.stride(1), su.stride(0), su.stride(1), gg, gu, gge, gue,
         H=x.shape[1], I=wg.shape[1], TOPK=top_k, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
         ACT=ACT_CODES[act], F32=f32, FMT=fmt, num_warps=t.num_warps, num_stages=t.num_stages,
@@ -96,9 +106,10 @@ def _down(h, wd, y, sorted_ids, block_expert, n_post, weights, t, scales, fmt, f
     sd = _scale(scales.down)
     gd, gde = _glob(scales.down_global, wd)
     grid = (block_expert.shape[0], math.ceil(wd.shape[1] / t.block_n))
+    wd, s_de, s_dn = _words(wd, fmt == 2)
     moe_quant_down_kernel[grid](
         h, wd, y, sorted_ids, block_expert, n_post, weights, y.shape[0],
-        h.stride(0), wd.stride(0), wd.stride(1), y.stride(0), sd, sd.stride(0), sd.stride(1), gd, gde,
+        h.stride(0), s_de, s_dn, y.stride(0), sd, sd.stride(0), sd.stride(1), gd, gde,
         I=h.shape[1], H=wd.shape[1], BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, F32=f32, FMT=fmt,
         num_warps=t.num_warps, num_stages=t.num_stages,
     )

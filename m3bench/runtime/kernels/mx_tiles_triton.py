@@ -4,7 +4,7 @@
                     vector loads), one conversion, one broadcast multiply by the block's power of two
                     (E8M0 `s` -> 2**(s - 127) as the fp32 bit pattern s << 23: no exp2)
     nv_tile(...) -> the same for NVFP4 (E2M1 codes two a byte, e4m3 scale per 16, fp32 global per row):
-                    the nibbles decode through the fp8 conversion (kv_tiles_triton.e2m1_as_e4m3)
+                    the codes, read as int32 words, become e4m3 codes with word-wide bit operations
     mx_gemv_kernel  skinny M (<= 4 rows): no tl.dot; fp32 products reduced per 32-block, then scaled
     mx_dot_kernel   M up to 64: y^T = W x^T as ONE tl.dot per BLOCK_K step (the weight tile is the
                     MMA's M side, the padded batch its N side: "swap AB")
@@ -16,8 +16,6 @@ the result is deterministic and no second kernel runs (`finish_tile`).
 
 import triton
 import triton.language as tl
-
-from m3bench.runtime.kernels.kv_tiles_triton import e2m1_as_e4m3
 
 MX_BLOCK = tl.constexpr(32)
 NV_BLOCK = tl.constexpr(16)
@@ -49,25 +47,39 @@ def mx_tile(w_ptr, s_ptr, n, n_ok, k0, s_wn, s_sn, K: tl.constexpr, BLOCK_N: tl.
 
 
 @triton.jit
+def bytes_of(v):
+    """[..., 2, 2] uint8 of int32 words v [...]: [..., e, f] is byte 2e + f (flattened: the low byte first)."""
+    b0, b1 = (v & 255).to(tl.uint8), ((v >> 8) & 255).to(tl.uint8)
+    b2, b3 = ((v >> 16) & 255).to(tl.uint8), ((v >> 24) & 255).to(tl.uint8)
+    return tl.join(tl.join(b0, b2), tl.join(b1, b3))
+
+
+@triton.jit
 def nv_tile(w_ptr, s_ptr, g_ptr, n, n_ok, k0, s_wn, s_sn, K: tl.constexpr, BLOCK_N: tl.constexpr,
             BLOCK_K: tl.constexpr, F32: tl.constexpr):
-    """Dequantized NVFP4 weights [BLOCK_N, BLOCK_K]: element 2j in byte j's low nibble."""
+    """Dequantized NVFP4 weights [BLOCK_N, BLOCK_K] from int32 words of packed E2M1 codes (w_ptr, s_wn in
+    words: eight codes a word, element 2j in byte j's low nibble). The codes become e4m3 codes of the same
+    values / 64 four at a time with word-wide bit operations (kv_tiles_triton.e2m1_as_e4m3 per byte), then
+    one fp8 conversion; the block's e4m3 scale x the row's global (x 64) multiplies them."""
     G: tl.constexpr = BLOCK_K // NV_BLOCK
     g = tl.arange(0, G)
-    kb = k0 // 2 + g[:, None] * (NV_BLOCK // 2) + tl.arange(0, NV_BLOCK // 2)[None, :]  # bytes [G, 8]
+    kw = k0 // 8 + g[:, None] * 2 + tl.arange(0, 2)[None, :]  # words [G, 2]
     rows = w_ptr + n.to(tl.int64) * s_wn
-    byte = tl.load(rows[:, None, None] + kb[None, :, :], mask=n_ok[:, None, None] & (kb < K // 2)[None, :, :],
-                   other=0).to(tl.int32)
-    lo = e2m1_as_e4m3(byte).to(tl.float8e4nv, bitcast=True).to(tl.float32)  # values / 64
-    hi = e2m1_as_e4m3(byte >> 4).to(tl.float8e4nv, bitcast=True).to(tl.float32)
-    vals = tl.reshape(tl.join(lo, hi), (BLOCK_N, G, NV_BLOCK))
+    word = tl.load(rows[:, None, None] + kw[None, :, :], mask=n_ok[:, None, None] & (kw < K // 8)[None, :, :],
+                   other=0)
+    lo = ((word & 0x08080808) << 4) | ((word & 0x07070707) << 2)  # elements 0, 2, 4, 6
+    hi = (word & -2139062144) | ((word >> 2) & 0x1C1C1C1C)  # (0x80808080) elements 1, 3, 5, 7
+    codes = tl.reshape(tl.join(bytes_of(lo), bytes_of(hi)), (BLOCK_N, G, NV_BLOCK))
     s_ok = n_ok[:, None] & (k0 + g * NV_BLOCK < K)[None, :]
     blk = k0 // NV_BLOCK + g
     sc = tl.load(s_ptr + n.to(tl.int64)[:, None] * s_sn + blk[None, :], mask=s_ok, other=0.0)
     glob = tl.load(g_ptr + n, mask=n_ok, other=0.0).to(tl.float32) * 64.0  # the / 64 undone
-    wd = vals * (sc.to(tl.float32) * glob[:, None])[:, :, None]
-    if not F32:
-        wd = wd.to(tl.bfloat16)
+    step = sc.to(tl.float32) * glob[:, None]
+    vals = codes.to(tl.float8e4nv, bitcast=True)
+    if F32:
+        wd = vals.to(tl.float32) * step[:, :, None]
+    else:
+        wd = vals.to(tl.bfloat16) * step.to(tl.bfloat16)[:, :, None]
     return tl.reshape(wd, (BLOCK_N, BLOCK_K))
 
 
