@@ -84,6 +84,10 @@ def fused_moe_quant(x, w_gate, w_up, w_down, topk_ids, topk_weights, activation:
     return out
 
 
+def _even(rows: int, inputs: int, t: QuantMoeTiles) -> bool:
+    return rows % t.block_n == 0 and inputs % t.block_k == 0
+
+
 def _gate_up(x, wg, wu, h, sorted_ids, block_expert, n_post, top_k, act, alpha, limit, t, scales, fmt, f32):
     from m3bench.runtime.kernels.moe_quant_triton import moe_quant_gate_up_kernel
 
@@ -96,7 +100,8 @@ def _gate_up(x, wg, wu, h, sorted_ids, block_expert, n_post, top_k, act, alpha, 
         x.stride(0), s_ge, s_gn, s_ue, s_un, h.stride(0),
         sg, su, sg.stride(0), sg.stride(1), su.stride(0), su.stride(1), gg, gu, gge, gue,
         H=x.shape[1], I=wg.shape[1], TOPK=top_k, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
-        ACT=ACT_CODES[act], F32=f32, FMT=fmt, num_warps=t.num_warps, num_stages=t.num_stages,
+        ACT=ACT_CODES[act], F32=f32, FMT=fmt, EVEN=_even(wg.shape[1], x.shape[1], t),
+        num_warps=t.num_warps, num_stages=t.num_stages,
     )
 
 
@@ -111,7 +116,7 @@ def _down(h, wd, y, sorted_ids, block_expert, n_post, weights, t, scales, fmt, f
         h, wd, y, sorted_ids, block_expert, n_post, weights, y.shape[0],
         h.stride(0), s_de, s_dn, y.stride(0), sd, sd.stride(0), sd.stride(1), gd, gde,
         I=h.shape[1], H=wd.shape[1], BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, F32=f32, FMT=fmt,
-        num_warps=t.num_warps, num_stages=t.num_stages,
+        EVEN=_even(wd.shape[1], h.shape[1], t), num_warps=t.num_warps, num_stages=t.num_stages,
     )
 
 

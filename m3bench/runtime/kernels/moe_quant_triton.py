@@ -3,7 +3,8 @@ weight tile in registers (mx_tiles_triton.mx_tile / nv_tile) and runs ONE tl.dot
 the MMA's M side and the expert's block of pairs on its N side (swap AB: acc [BLOCK_N, BLOCK_M]).
 
 Pairs p = t * TOPK + k sorted by expert and padded to BLOCK_M (moe.moe_align); weights as in moe_triton.py.
-Programs past the padded pair count (read on the device) exit at once.
+Programs past the padded pair count (read on the device) exit at once. EVEN: the weight tiles need no masks
+(BLOCK_N divides the rows, BLOCK_K the inputs).
 """
 
 import triton
@@ -14,12 +15,12 @@ from m3bench.runtime.kernels.mx_tiles_triton import dot_acc, mx_tile, nv_tile
 
 @triton.jit
 def expert_tile(w_ptr, s_ptr, g_ptr, n, n_ok, k0, s_wn, s_sn, K: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr, F32: tl.constexpr, FMT: tl.constexpr):
+                BLOCK_K: tl.constexpr, F32: tl.constexpr, FMT: tl.constexpr, EVEN: tl.constexpr):
     """[BLOCK_N, BLOCK_K] dequantized weights of one expert (pointers already offset to the expert)."""
     if FMT == 1:
-        return mx_tile(w_ptr, s_ptr, n, n_ok, k0, s_wn, s_sn, K, BLOCK_N, BLOCK_K, F32)
+        return mx_tile(w_ptr, s_ptr, n, n_ok, k0, s_wn, s_sn, K, BLOCK_N, BLOCK_K, F32, EVEN)
     else:
-        return nv_tile(w_ptr, s_ptr, g_ptr, n, n_ok, k0, s_wn, s_sn, K, BLOCK_N, BLOCK_K, F32)
+        return nv_tile(w_ptr, s_ptr, g_ptr, n, n_ok, k0, s_wn, s_sn, K, BLOCK_N, BLOCK_K, F32, EVEN)
 
 
 @triton.jit
@@ -49,6 +50,7 @@ def moe_quant_gate_up_kernel(
     gg_ptr, gu_ptr, s_gge, s_gue,
     H: tl.constexpr, I: tl.constexpr, TOPK: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACT: tl.constexpr, F32: tl.constexpr, FMT: tl.constexpr,
+    EVEN: tl.constexpr,
 ):
     """inter[slot, n] = act(x[tok] . wg[e, n], x[tok] . wu[e, n]); grid (M-blocks, I / BLOCK_N)."""
     pid_m = tl.program_id(0)
@@ -64,10 +66,10 @@ def moe_quant_gate_up_kernel(
         kk = k0 + tl.arange(0, BLOCK_K)
         xt = tl.trans(tl.load(x_rows[:, None] + kk[None, :], mask=row_ok[:, None] & (kk < H)[None, :], other=0.0))
         wg = expert_tile(wg_ptr + e * s_ge, sg_ptr + e * s_sge, gg_ptr + e * s_gge, n, n_ok, k0, s_gn, s_sgn, H,
-                         BLOCK_N, BLOCK_K, F32, FMT)
+                         BLOCK_N, BLOCK_K, F32, FMT, EVEN)
         acc_g = dot_acc(wg, xt, acc_g, F32)
         wu = expert_tile(wu_ptr + e * s_ue, su_ptr + e * s_sue, gu_ptr + e * s_gue, n, n_ok, k0, s_un, s_sun, H,
-                         BLOCK_N, BLOCK_K, F32, FMT)
+                         BLOCK_N, BLOCK_K, F32, FMT, EVEN)
         acc_u = dot_acc(wu, xt, acc_u, F32)
     h = swiglu(acc_g, acc_u, alpha, limit, ACT)
     out = inter_ptr + slots[None, :].to(tl.int64) * s_it + n[:, None]
@@ -79,7 +81,7 @@ def moe_quant_down_kernel(
     inter_ptr, wd_ptr, y_ptr, sorted_ptr, block_expert_ptr, n_post_ptr, weights_ptr, n_pairs,
     s_it, s_de, s_dn, s_yp, sd_ptr, s_sde, s_sdn, gd_ptr, s_gde,
     I: tl.constexpr, H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, F32: tl.constexpr, FMT: tl.constexpr,
+    BLOCK_K: tl.constexpr, F32: tl.constexpr, FMT: tl.constexpr, EVEN: tl.constexpr,
 ):
     """y[pair, n] = routing_weight[pair] * inter[slot] . wd[e, n]; grid (M-blocks, H / BLOCK_N)."""
     pid_m = tl.program_id(0)
@@ -94,7 +96,7 @@ def moe_quant_down_kernel(
         kk = k0 + tl.arange(0, BLOCK_K)
         at = tl.trans(tl.load(a_rows[:, None] + kk[None, :], mask=row_ok[:, None] & (kk < I)[None, :], other=0.0))
         w = expert_tile(wd_ptr + e * s_de, sd_ptr + e * s_sde, gd_ptr + e * s_gde, n, n_ok, k0, s_dn, s_sdn, I,
-                        BLOCK_N, BLOCK_K, F32, FMT)
+                        BLOCK_N, BLOCK_K, F32, FMT, EVEN)
         acc = dot_acc(w, at, acc, F32)
     acc *= tl.load(weights_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)[None, :]
     out = y_ptr + pair[None, :].to(tl.int64) * s_yp + n[:, None]

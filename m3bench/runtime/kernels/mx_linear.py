@@ -109,5 +109,6 @@ def mx_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: 
     if t.kernel is MxKernel.GEMV:
         kt.mx_gemv_kernel[grid](*args, **meta)
     else:
-        kt.mx_dot_kernel[grid](*args, **meta, F32=x.dtype == torch.float32 or interpreting())
+        kt.mx_dot_kernel[grid](*args, **meta, F32=x.dtype == torch.float32 or interpreting(),
+                               EVEN=n % t.block_n == 0 and k % t.block_k == 0)
     return y

@@ -29,16 +29,21 @@ def e8m0_scale(s):
 
 @triton.jit
 def mx_tile(w_ptr, s_ptr, n, n_ok, k0, s_wn, s_sn, K: tl.constexpr, BLOCK_N: tl.constexpr,
-            BLOCK_K: tl.constexpr, F32: tl.constexpr):
-    """Dequantized MXFP8 weights [BLOCK_N, BLOCK_K] (rows n, inputs k0 + [0, BLOCK_K)), bf16 (fp32 if F32)."""
+            BLOCK_K: tl.constexpr, F32: tl.constexpr, EVEN: tl.constexpr):
+    """Dequantized MXFP8 weights [BLOCK_N, BLOCK_K] (rows n, inputs k0 + [0, BLOCK_K)), bf16 (fp32 if F32).
+    EVEN: every row and input of the tile exists (no masks)."""
     G: tl.constexpr = BLOCK_K // MX_BLOCK
     g = tl.arange(0, G)
     kk = k0 + g[:, None] * MX_BLOCK + tl.arange(0, MX_BLOCK)[None, :]  # [G, 32]
     rows = w_ptr + n.to(tl.int64) * s_wn
-    w = tl.load(rows[:, None, None] + kk[None, :, :], mask=n_ok[:, None, None] & (kk < K)[None, :, :], other=0.0)
-    s_ok = n_ok[:, None] & (k0 + g * MX_BLOCK < K)[None, :]
     blk = k0 // MX_BLOCK + g
-    sb = tl.load(s_ptr + n.to(tl.int64)[:, None] * s_sn + blk[None, :], mask=s_ok, other=0)
+    s_ptrs = s_ptr + n.to(tl.int64)[:, None] * s_sn + blk[None, :]
+    if EVEN:
+        w = tl.load(rows[:, None, None] + kk[None, :, :])
+        sb = tl.load(s_ptrs)
+    else:
+        w = tl.load(rows[:, None, None] + kk[None, :, :], mask=n_ok[:, None, None] & (kk < K)[None, :, :], other=0.0)
+        sb = tl.load(s_ptrs, mask=n_ok[:, None] & (k0 + g * MX_BLOCK < K)[None, :], other=0)
     if F32:
         wd = w.to(tl.float32) * e8m0_scale(sb)[:, :, None]
     else:  # a power of two: exact in bf16
@@ -56,7 +61,7 @@ def bytes_of(v):
 
 @triton.jit
 def nv_tile(w_ptr, s_ptr, g_ptr, n, n_ok, k0, s_wn, s_sn, K: tl.constexpr, BLOCK_N: tl.constexpr,
-            BLOCK_K: tl.constexpr, F32: tl.constexpr):
+            BLOCK_K: tl.constexpr, F32: tl.constexpr, EVEN: tl.constexpr):
     """Dequantized NVFP4 weights [BLOCK_N, BLOCK_K] from int32 words of packed E2M1 codes (w_ptr, s_wn in
     words: eight codes a word, element 2j in byte j's low nibble). The codes become e4m3 codes of the same
     values / 64 four at a time with word-wide bit operations (kv_tiles_triton.e2m1_as_e4m3 per byte), then
@@ -65,15 +70,22 @@ def nv_tile(w_ptr, s_ptr, g_ptr, n, n_ok, k0, s_wn, s_sn, K: tl.constexpr, BLOCK
     g = tl.arange(0, G)
     kw = k0 // 8 + g[:, None] * 2 + tl.arange(0, 2)[None, :]  # words [G, 2]
     rows = w_ptr + n.to(tl.int64) * s_wn
-    word = tl.load(rows[:, None, None] + kw[None, :, :], mask=n_ok[:, None, None] & (kw < K // 8)[None, :, :],
-                   other=0)
+    if EVEN:
+        word = tl.load(rows[:, None, None] + kw[None, :, :])
+    else:
+        word = tl.load(rows[:, None, None] + kw[None, :, :], mask=n_ok[:, None, None] & (kw < K // 8)[None, :, :],
+                       other=0)
     lo = ((word & 0x08080808) << 4) | ((word & 0x07070707) << 2)  # elements 0, 2, 4, 6
     hi = (word & -2139062144) | ((word >> 2) & 0x1C1C1C1C)  # (0x80808080) elements 1, 3, 5, 7
     codes = tl.reshape(tl.join(bytes_of(lo), bytes_of(hi)), (BLOCK_N, G, NV_BLOCK))
-    s_ok = n_ok[:, None] & (k0 + g * NV_BLOCK < K)[None, :]
     blk = k0 // NV_BLOCK + g
-    sc = tl.load(s_ptr + n.to(tl.int64)[:, None] * s_sn + blk[None, :], mask=s_ok, other=0.0)
-    glob = tl.load(g_ptr + n, mask=n_ok, other=0.0).to(tl.float32) * 64.0  # the / 64 undone
+    s_ptrs = s_ptr + n.to(tl.int64)[:, None] * s_sn + blk[None, :]
+    if EVEN:
+        sc = tl.load(s_ptrs)
+        glob = tl.load(g_ptr + n).to(tl.float32) * 64.0  # the / 64 undone
+    else:
+        sc = tl.load(s_ptrs, mask=n_ok[:, None] & (k0 + g * NV_BLOCK < K)[None, :], other=0.0)
+        glob = tl.load(g_ptr + n, mask=n_ok, other=0.0).to(tl.float32) * 64.0
     step = sc.to(tl.float32) * glob[:, None]
     vals = codes.to(tl.float8e4nv, bitcast=True)
     if F32:
@@ -162,7 +174,7 @@ def mx_gemv_kernel(
 def mx_dot_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr, M, s_xm, s_wn, s_sn, s_ym,
     N: tl.constexpr, K: tl.constexpr, K_SPLIT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, F32: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, F32: tl.constexpr, EVEN: tl.constexpr,
 ):
     """y[m-tile, n-tile]^T = dequant(W)[n-tile] @ x[m-tile]^T, one dot per BLOCK_K step.
     Grid (N tiles x M tiles, SPLIT), N tiles fastest."""
@@ -176,7 +188,7 @@ def mx_dot_kernel(
     x_rows = x_ptr + m.to(tl.int64) * s_xm
     k_begin = tl.program_id(1) * K_SPLIT
     for k0 in range(k_begin, k_begin + K_SPLIT, BLOCK_K):
-        w = mx_tile(w_ptr, s_ptr, n, n_ok, k0, s_wn, s_sn, K, BLOCK_N, BLOCK_K, F32)
+        w = mx_tile(w_ptr, s_ptr, n, n_ok, k0, s_wn, s_sn, K, BLOCK_N, BLOCK_K, F32, EVEN)
         kk = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_rows[:, None] + kk[None, :], mask=m_ok[:, None] & (kk < K)[None, :], other=0.0)
         acc = dot_acc(w, tl.trans(x), acc, F32)
