@@ -155,8 +155,8 @@ def markdown_table(rows: list[Row]) -> str:
              "new vs old | err new | err old | goal |", "|---|---|---:|" + "---:|" * 9 + "---|"]
     for r in rows:
         alt = f"{r.alt_us:.1f}" if r.alt_us is not None else "-"
-        lines.append(f"| {r.kernel} | {r.fmt} | {r.batch} | {r.bf16_us:.1f} | {r.old_us:.1f} | {r.new_us:.1f} | {alt} | "
-                     f"{r.pct_floor:.0f}% | {r.speedup:.2f}x | {r.old_us / r.new_us:.2f}x | {r.err_new:.1e} | "
+        lines.append(f"| {r.kernel} | {r.fmt} | {r.batch} | {r.bf16_us:.1f} | {r.old_us:.1f} | {r.new_us:.1f} | "
+                     f"{alt} | {r.pct_floor:.0f}% | {r.speedup:.2f}x | {r.old_us / r.new_us:.2f}x | {r.err_new:.1e} | "
                      f"{r.err_old:.1e} | {goal(r)} |")
     return "\n".join(lines)
 

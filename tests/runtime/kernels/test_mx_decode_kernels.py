@@ -11,6 +11,7 @@ from m3bench.runtime.kernels.moe_quant import QuantMoeTiles, quant_moe_tiles
 from m3bench.runtime.kernels.mx_linear import MxKernel, MxTiles, mx_tiles, split_counters
 from m3bench.runtime.kernels.mxfp8 import mxfp8_linear
 from m3bench.runtime.kernels.reference import fused_moe_ref
+from .quant_cases import mx_random, nv_random_experts
 
 pytestmark = pytest.mark.usefixtures("triton_interpreter")
 T = KernelBackend.TRITON
@@ -18,9 +19,7 @@ GEMV, DOT = MxKernel.GEMV, MxKernel.DOT
 
 
 def _mx(g, *shape):
-    """Random MXFP8 weights with scales spread over several exponents."""
-    w = torch.randn(*shape, generator=g) * torch.exp2(torch.randint(-4, 4, (*shape[:-1], 1), generator=g).float())
-    return quant.quant_mxfp8(w)
+    return mx_random(g, *shape, spread=4)
 
 
 def _want(x, w, s, b=None):
@@ -95,13 +94,6 @@ def _routing(g, n_tok, top_k, n_exp):
     return ids, torch.rand(n_tok, top_k, generator=g) + 0.1
 
 
-def _nv(g, n_exp, rows, cols):
-    """Stacked NVFP4 experts with a different global scale per expert (one per row, as the layer keeps them)."""
-    parts = [quant.quant_nvfp4(torch.randn(rows, cols, generator=g) * (e + 1)) for e in range(n_exp)]
-    glob = torch.stack([p[2].expand(rows) for p in parts]).contiguous()
-    return torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts]), glob
-
-
 @pytest.mark.parametrize("tiles", [None, QuantMoeTiles(16, 32, 32), QuantMoeTiles(32, 16, 64)])
 def test_quant_moe_mxfp8_matches_dequantized_fp64(tiles):
     g = torch.Generator().manual_seed(11)
@@ -120,7 +112,7 @@ def test_quant_moe_mxfp8_matches_dequantized_fp64(tiles):
 def test_quant_moe_nvfp4_matches_dequantized_fp64(tiles):
     g = torch.Generator().manual_seed(12)
     n_tok, top_k, n_exp, hidden, inter = 6, 2, 4, 64, 96
-    (pgu, sgu, ggu), (pd, sd, gd) = _nv(g, n_exp, 2 * inter, hidden), _nv(g, n_exp, hidden, inter)
+    (pgu, sgu, ggu), (pd, sd, gd) = nv_random_experts(g, n_exp, 2 * inter, hidden), nv_random_experts(g, n_exp, hidden, inter)
     ids, w = _routing(g, n_tok, top_k, n_exp)
     x, i = torch.randn(n_tok, hidden, generator=g), inter
     scales = MoeScales(sgu[:, :i], sgu[:, i:], sd, ggu[:, :i], ggu[:, i:], gd)
@@ -136,7 +128,7 @@ def test_quant_moe_nvfp4_tile_decodes_every_code():
     packed = quant.pack_e2m1(codes.view(1, -1).expand(32, -1)).view(1, 32, 32)
     scale = torch.ones(1, 32, 4).to(torch.float8_e4m3fn)
     glob = torch.full((1, 32), 0.5)
-    down_p, down_s, down_g = _nv(torch.Generator().manual_seed(1), 1, 64, 32)
+    down_p, down_s, down_g = nv_random_experts(torch.Generator().manual_seed(1), 1, 64, 32)
     x = torch.eye(64)[:5]
     ids, w = torch.zeros(5, 1, dtype=torch.int32), torch.ones(5, 1)
     scales = MoeScales(scale, scale, down_s, glob, glob, down_g)

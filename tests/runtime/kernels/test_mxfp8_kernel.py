@@ -8,15 +8,13 @@ from m3bench.runtime.kernels.backend import KernelBackend
 from m3bench.runtime.kernels.moe import MoeScales, MoeTiles, fused_moe
 from m3bench.runtime.kernels.mxfp8 import LinearTiles, mxfp8_linear
 from m3bench.runtime.kernels.reference import fused_moe_ref
+from .quant_cases import mx_random, nv_random_experts
 
 pytestmark = pytest.mark.usefixtures("triton_interpreter")
 T = KernelBackend.TRITON
 
 
-def _mx(g, *shape):
-    """Random MXFP8 weights with scales spread over several exponents."""
-    w = torch.randn(*shape, generator=g) * torch.exp2(torch.randint(-3, 3, (*shape[:-1], 1), generator=g).float())
-    return quant.quant_mxfp8(w)
+_mx = mx_random
 
 
 @pytest.mark.parametrize("m, n, k, tiles", [(1, 48, 64, LinearTiles(16, 16, 32)), (5, 40, 96, LinearTiles(16, 32, 64)),
@@ -74,12 +72,7 @@ def test_mxfp8_fused_moe_matches_dequantized_fp32(tiles):
     assert torch.allclose(torch_path.double(), want, atol=1e-3, rtol=1e-4)
 
 
-def _nv(g, n_exp, rows, cols):
-    """Stacked NVFP4 experts with a different global scale per expert (one per row, as the layer keeps them)."""
-    parts = [quant.quant_nvfp4(torch.randn(rows, cols, generator=g) * (e + 1)) for e in range(n_exp)]
-    packed, scale = torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts])
-    glob = torch.stack([p[2].expand(rows) for p in parts]).contiguous()
-    return packed, scale, glob
+_nv = nv_random_experts
 
 
 @pytest.mark.parametrize("tiles", [MoeTiles(16, 16, 32), MoeTiles(16, 32, 64, block_n_down=16)])
