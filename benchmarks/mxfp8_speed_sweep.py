@@ -37,15 +37,17 @@ TRITON = KernelBackend.TRITON
 
 
 def linear_candidates(m: int, n: int, k: int):
+    """GEMV (to 4 rows) and dot tiles around the rule's: BLOCK_N, BLOCK_K, the wave size split K targets."""
     kinds = [MxKernel.GEMV, MxKernel.DOT] if m <= 4 else [MxKernel.DOT]
     for kind in kinds:
         gemv = kind is MxKernel.GEMV
-        bns, bks, targets = ((16, 32), (512,), (264, 528, 1056)) if gemv else ((64, 128), (128, 256), (264, 528))
-        for bn, bk, target, stages in itertools.product(bns, bks, targets, (2,) if gemv else (3,)):
+        bns, bks, caps = ((16, 32), (512, 1024), (528, 924, 1848)) if gemv else ((64, 128), (128, 256), (264, 396))
+        for bn, bk, cap in itertools.product(bns, bks, caps):
             bk = block_k_for(k, bk)
-            bm = next_pow2(m) if kind is MxKernel.GEMV else min(64, max(16, next_pow2(m)))
-            tiles = (1 if kind is MxKernel.GEMV else -(-m // bm)) * -(-n // bn)
-            yield MxTiles(kind, bm, bn, bk, split_for(tiles, k, bk, target), 4 if bn < 128 else 8, stages)
+            bm = next_pow2(m) if gemv else min(64, max(16, next_pow2(m)))
+            tiles = (1 if gemv else -(-m // bm)) * -(-n // bn)
+            warps = 8 if gemv or bn == 128 else 4
+            yield MxTiles(kind, bm, bn, bk, split_for(tiles, k, bk, cap), warps, 1 if gemv else 3)
 
 
 def best_of(cands, run, check) -> tuple[float, object]:

@@ -3,7 +3,8 @@
     y = mx_linear(x [M, K], weight fp8 [N, K], scale uint8 E8M0 [N, K/32], bias | None, tiles=mx_tiles(M, N, K))
 
 M <= GEMV_MAX_ROWS runs the GEMV kernel (no tensor cores), larger M the dequantize-then-one-dot kernel.
-K is split until the grid holds about TARGET_PROGRAMS programs; the splits of a tile meet through a
+K is split as far as one wave of resident programs allows (decode GEMMs are a few MB: a second wave or a
+second load round trip costs as much as the transfer); the splits of a tile meet through a
 per-tile counter (one zeroed int32 buffer per device, reset by the kernel itself) and an fp32 partial
 buffer, so a launch is one kernel. Launches on one device must not overlap in time (one stream), as the
 counters are shared.
@@ -18,10 +19,11 @@ from enum import Enum
 
 import torch
 
-from m3bench.runtime.kernels.backend import interpreting, next_pow2
+from m3bench.runtime.kernels.backend import interpreting, next_pow2, sm_count
 
 GEMV_MAX_ROWS = 2
-TARGET_PROGRAMS = {"gemv": 528, "dot": 264}  # 4 (small GEMV programs) / 2 programs per SM of 132
+SMS = 132  # H100 / H200
+PER_SM = {"gemv": 7, "dot": 3, "dot64": 2}  # resident programs an SM holds (registers: ~40 / ~170 / ~245 a thread)
 MAX_SPLIT = 16
 COUNTERS = 1 << 16  # output tiles of one launch, at most
 
@@ -54,23 +56,29 @@ def block_k_for(k: int, largest: int) -> int:
     return bk
 
 
-def split_for(tiles: int, k: int, block_k: int, target: int) -> int:
-    """The smallest divisor of K / BLOCK_K (<= MAX_SPLIT) that brings the grid to `target` programs."""
+def split_for(tiles: int, k: int, block_k: int, capacity: int) -> int:
+    """The largest divisor of K / BLOCK_K (<= MAX_SPLIT) that keeps the grid within one wave of `capacity`
+    programs (1 when the tiles alone fill it): every load of the GEMM in flight at once, no tail wave."""
     steps = k // block_k
-    divisors = [d for d in range(1, min(steps, MAX_SPLIT) + 1) if steps % d == 0]
-    return next((d for d in divisors if tiles * d >= target), divisors[-1])
+    fits = [d for d in range(1, min(steps, MAX_SPLIT) + 1) if steps % d == 0 and tiles * d <= capacity]
+    return fits[-1] if fits else 1
 
 
-def mx_tiles(m: int, n: int, k: int, kernel: MxKernel | None = None) -> MxTiles:
-    """Decode tiles: GEMV (BLOCK_N 16, BLOCK_K 512) for M <= GEMV_MAX_ROWS, else the dot kernel
-    (BLOCK_N 64: one wgmma row group, BLOCK_M the batch padded to 16..64, BLOCK_K 256)."""
+def mx_tiles(m: int, n: int, k: int, kernel: MxKernel | None = None, sms: int = SMS) -> MxTiles:
+    """Decode tiles, one wave of programs on `sms` SMs. GEMV (M <= GEMV_MAX_ROWS): BLOCK_K 1024 (or the
+    largest power of two dividing K), 8 warps, BLOCK_N 16 widened (to 64) until one K step a program fits
+    the wave. Dot: BLOCK_N 64 (one wgmma row group), BLOCK_M the batch padded to 16..64, BLOCK_K 256."""
     kernel = kernel or (MxKernel.GEMV if m <= GEMV_MAX_ROWS else MxKernel.DOT)
     if kernel is MxKernel.GEMV:
-        bm, bn, bk, stages = next_pow2(max(1, m)), 16, block_k_for(k, 512), 2
-    else:
-        bm, bn, bk, stages = min(64, max(16, next_pow2(m))), 64, block_k_for(k, 256), 3
-    tiles = (1 if kernel is MxKernel.GEMV else math.ceil(m / bm)) * math.ceil(n / bn)
-    return MxTiles(kernel, bm, bn, bk, split_for(tiles, k, bk, TARGET_PROGRAMS[kernel.value]), 4, stages)
+        bm, bk = next_pow2(max(1, m)), block_k_for(k, 1024)
+        cap, bn = PER_SM["gemv"] * sms, 16
+        while bn < 64 and math.ceil(n / bn) * (k // bk) > cap:
+            bn *= 2
+        return MxTiles(kernel, bm, bn, bk, split_for(math.ceil(n / bn), k, bk, cap), 8, 1)
+    bm, bk = min(64, max(16, next_pow2(m))), block_k_for(k, 256)
+    cap = PER_SM["dot64" if bm == 64 else "dot"] * sms
+    tiles = math.ceil(m / bm) * math.ceil(n / 64)
+    return MxTiles(kernel, bm, 64, bk, split_for(tiles, k, bk, cap), 4, 3)
 
 
 @functools.cache
@@ -92,7 +100,7 @@ def mx_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: 
     if weight.stride(-1) != 1 or scale.stride(-1) != 1:
         raise ValueError("MXFP8 weight and scale must be contiguous along K")
     (m, k), n = x.shape, weight.shape[0]
-    t = tiles or mx_tiles(m, n, k)
+    t = tiles or mx_tiles(m, n, k, sms=sm_count(x.device.index or 0) if x.is_cuda else SMS)
     if t.kernel is MxKernel.GEMV and m > t.block_m:
         raise ValueError(f"the GEMV kernel takes at most block_m {t.block_m} rows, got {m}")
     if k % (t.split_k * t.block_k):
