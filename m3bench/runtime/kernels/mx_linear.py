@@ -21,9 +21,10 @@ import torch
 
 from m3bench.runtime.kernels.backend import interpreting, next_pow2, sm_count
 
-GEMV_MAX_ROWS = 2
+GEMV_MAX_ROWS = 1  # sm90 SASS: 40 registers a thread at 1 row, 100 at 2 (the dot kernel wins there)
 SMS = 132  # H100 / H200
-PER_SM = {"gemv": 7, "dot": 3, "dot64": 2}  # resident programs an SM holds (registers: ~40 / ~170 / ~245 a thread)
+# resident programs an SM holds (sm90 SASS: registers a thread, shared memory with 3 stages)
+PER_SM = {"gemv": 6, "dot16": 3, "dot": 2}  # 40 regs x 256 threads; 164 x 128, 58 KB; ~240 x 128, 66-83 KB
 MAX_SPLIT = 16
 COUNTERS = 1 << 16  # output tiles of one launch, at most
 
@@ -65,20 +66,18 @@ def split_for(tiles: int, k: int, block_k: int, capacity: int) -> int:
 
 
 def mx_tiles(m: int, n: int, k: int, kernel: MxKernel | None = None, sms: int = SMS) -> MxTiles:
-    """Decode tiles, one wave of programs on `sms` SMs. GEMV (M <= GEMV_MAX_ROWS): BLOCK_K 1024 (or the
-    largest power of two dividing K), 8 warps, BLOCK_N 16 widened (to 64) until one K step a program fits
-    the wave. Dot: BLOCK_N 64 (one wgmma row group), BLOCK_M the batch padded to 16..64, BLOCK_K 256."""
+    """Decode tiles, one wave of programs on `sms` SMs. GEMV (M <= GEMV_MAX_ROWS): BLOCK_N 16, BLOCK_K 1024
+    (or the largest power of two dividing K), 8 warps. Dot: BLOCK_N 64 (one wgmma row group), BLOCK_M the
+    batch padded to 16..64, BLOCK_K 256 (128 at BLOCK_M 64: two programs' stages fit an SM)."""
     kernel = kernel or (MxKernel.GEMV if m <= GEMV_MAX_ROWS else MxKernel.DOT)
     if kernel is MxKernel.GEMV:
-        bm, bk = next_pow2(max(1, m)), block_k_for(k, 1024)
-        cap, bn = PER_SM["gemv"] * sms, 16
-        while bn < 64 and math.ceil(n / bn) * (k // bk) > cap:
-            bn *= 2
-        return MxTiles(kernel, bm, bn, bk, split_for(math.ceil(n / bn), k, bk, cap), 8, 1)
-    bm, bk = min(64, max(16, next_pow2(m))), block_k_for(k, 256)
-    cap = PER_SM["dot64" if bm == 64 else "dot"] * sms
-    tiles = math.ceil(m / bm) * math.ceil(n / 64)
-    return MxTiles(kernel, bm, 64, bk, split_for(tiles, k, bk, cap), 4, 3)
+        bk = block_k_for(k, 1024)
+        return MxTiles(kernel, next_pow2(max(1, m)), 16, bk,
+                       split_for(math.ceil(n / 16), k, bk, PER_SM["gemv"] * sms), 8, 1)
+    bm = min(64, max(16, next_pow2(m)))
+    bk = block_k_for(k, 256 if bm <= 32 else 128)
+    cap = PER_SM["dot16" if bm == 16 else "dot"] * sms
+    return MxTiles(kernel, bm, 64, bk, split_for(math.ceil(m / bm) * math.ceil(n / 64), k, bk, cap), 4, 3)
 
 
 @functools.cache
