@@ -2,7 +2,8 @@
 
     y = mx_linear(x [M, K], weight fp8 [N, K], scale uint8 E8M0 [N, K/32], bias | None, tiles=mx_tiles(M, N, K))
 
-M <= GEMV_MAX_ROWS runs the GEMV kernel (no tensor cores), larger M the dequantize-then-one-dot kernel.
+M <= GEMV_MAX_ROWS (none by default) runs the GEMV kernel (no tensor cores), larger M the
+dequantize-then-one-dot kernel.
 K is split as far as one wave of resident programs allows (decode GEMMs are a few MB: a second wave or a
 second load round trip costs as much as the transfer); the splits of a tile meet through a
 per-tile counter (one zeroed int32 buffer per device, reset by the kernel itself) and an fp32 partial
@@ -21,7 +22,10 @@ import torch
 
 from m3bench.runtime.kernels.backend import interpreting, next_pow2, sm_count
 
-GEMV_MAX_ROWS = 1  # sm90 SASS: 40 registers a thread at 1 row, 100 at 2 (the dot kernel wins there)
+# The dot kernel runs every batch by default: its sm90 SASS spends ~4.7 instructions a weight in the K loop
+# (tensor cores do the products), the GEMV's ~8.9 at one row (fp32 FMAs, x converted per weight) and
+# 100 registers a thread at two rows. The GEMV stays for comparison (benchmarks/mxfp8_speed.py "alt").
+GEMV_MAX_ROWS = 0
 SMS = 132  # H100 / H200
 # resident programs an SM holds (sm90 SASS: registers a thread, shared memory with 3 stages)
 PER_SM = {"gemv": 6, "dot16": 3, "dot": 2}  # 40 regs x 256 threads; 164 x 128, 58 KB; ~240 x 128, 66-83 KB

@@ -33,7 +33,7 @@ def _want(x, w, s, b=None):
     (3, 24, 384, MxTiles(GEMV, 4, 16, 128, split_k=3)),  # 3 of 4 rows live, 3 pieces
     (5, 40, 96, MxTiles(DOT, 16, 32, 32, split_k=3)),
     (33, 24, 128, MxTiles(DOT, 32, 16, 32, split_k=4)),  # two M tiles
-    (3, 24, 512, None), (17, 64, 256, None),
+    (1, 24, 512, None), (3, 24, 512, None), (17, 64, 256, None),
 ])
 @pytest.mark.parametrize("bias", [False, True])
 def test_decode_linear_matches_dequantized_fp64(m, n, k, tiles, bias):
@@ -73,17 +73,18 @@ def test_decode_linear_reads_each_block_scale():
 
 
 def test_decode_tiles_split_k_within_one_wave_at_rank_shapes():
-    t = mx_tiles(1, 1536, 6144)  # qkv + index of a TP8 rank at batch 1: 96 tiles x 6 one-step pieces
-    assert (t.kernel, t.block_n, t.block_k, t.split_k) == (GEMV, 16, 1024, 6)
-    assert mx_tiles(1, 3072, 6144).split_k == 3  # 192 tiles x 6 would exceed one wave (6 programs an SM)
-    t16, t64 = mx_tiles(16, 1536, 6144), mx_tiles(64, 1536, 6144)  # 24 tiles: 12 pieces; 8 at BLOCK_M 64
-    assert (t16.kernel, t16.block_m, t16.split_k, t64.block_m, t64.block_k, t64.split_k) == (DOT, 16, 12, 64, 128, 8)
+    t = mx_tiles(1, 1536, 6144)  # qkv + index of a TP8 rank at batch 1: 24 tiles x 12 pieces of two K steps
+    assert (t.kernel, t.block_m, t.block_n, t.block_k, t.split_k) == (DOT, 16, 64, 256, 12)
+    t64 = mx_tiles(64, 1536, 6144)  # two programs an SM at BLOCK_M 64: 8 pieces
+    assert (t64.block_m, t64.block_k, t64.split_k) == (64, 128, 8)
+    g = mx_tiles(1, 1536, 6144, MxKernel.GEMV)  # the GEMV: 96 tiles x 6 one-step pieces
+    assert (g.block_n, g.block_k, g.split_k, g.num_warps) == (16, 1024, 6, 8)
+    assert mx_tiles(1, 3072, 6144, MxKernel.GEMV).split_k == 3  # 192 x 6 would exceed a wave of 6 an SM
     t = mx_tiles(64, 6144, 384)  # shared expert down at batch 64: BLOCK_K 128 divides 384
     assert t.block_k == 128 and 384 % (t.split_k * t.block_k) == 0
-    assert mx_tiles(2, 6144, 1024).kernel is DOT and mx_tiles(1, 6144, 1024).block_m == 1
     for m, n, k in ((1, 1536, 6144), (2, 6144, 1536), (16, 768, 6144), (64, 6144, 1024)):
         t = mx_tiles(m, n, k)
-        assert t.grid(m, n)[0] * t.split_k <= 6 * 132 and k % (t.split_k * t.block_k) == 0
+        assert t.grid(m, n)[0] * t.split_k <= 3 * 132 and k % (t.split_k * t.block_k) == 0
 
 
 def test_gemv_refuses_more_rows_than_its_block():
