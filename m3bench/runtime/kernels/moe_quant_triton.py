@@ -10,17 +10,36 @@ Programs past the padded pair count (read on the device) exit at once. EVEN: the
 import triton
 import triton.language as tl
 
-from m3bench.runtime.kernels.mx_tiles_triton import dot_acc, mx_tile, nv_tile
+from m3bench.runtime.kernels.mx_tiles_triton import dot_acc, mx_steps, mx_tile, nv_steps, nv_tile
 
 
 @triton.jit
-def expert_tile(w_ptr, s_ptr, g_ptr, n, n_ok, k0, s_wn, s_sn, K: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr, F32: tl.constexpr, FMT: tl.constexpr, EVEN: tl.constexpr):
-    """[BLOCK_N, BLOCK_K] dequantized weights of one expert (pointers already offset to the expert)."""
-    if FMT == 1:
-        return mx_tile(w_ptr, s_ptr, n, n_ok, k0, s_wn, s_sn, K, BLOCK_N, BLOCK_K, F32, EVEN)
+def row_globals(g_ptr, n, n_ok, FMT: tl.constexpr):
+    """NVFP4: the rows' fp32 global scales x 64 (loop-invariant); MXFP8: unused zeros."""
+    if FMT == 2:
+        return tl.load(g_ptr + n, mask=n_ok, other=0.0).to(tl.float32) * 64.0
     else:
-        return nv_tile(w_ptr, s_ptr, g_ptr, n, n_ok, k0, s_wn, s_sn, K, BLOCK_N, BLOCK_K, F32, EVEN)
+        return tl.zeros(n.shape, tl.float32)
+
+
+@triton.jit
+def expert_steps(s_ptr, glob64, n, n_ok, k0, s_sn, K: tl.constexpr, BLOCK_K: tl.constexpr, F32: tl.constexpr,
+                 FMT: tl.constexpr):
+    """Per-block multipliers of one expert's tile at k0 (pointers already offset to the expert)."""
+    if FMT == 1:
+        return mx_steps(s_ptr, n, n_ok, k0, s_sn, K, BLOCK_K, F32)
+    else:
+        return nv_steps(s_ptr, glob64, n, n_ok, k0, s_sn, K, BLOCK_K, F32)
+
+
+@triton.jit
+def expert_tile(w_ptr, step, n, n_ok, k0, s_wn, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                F32: tl.constexpr, FMT: tl.constexpr, EVEN: tl.constexpr):
+    """[BLOCK_N, BLOCK_K] dequantized weights of one expert (pointer already offset to the expert)."""
+    if FMT == 1:
+        return mx_tile(w_ptr, step, n, n_ok, k0, s_wn, K, BLOCK_N, BLOCK_K, F32, EVEN)
+    else:
+        return nv_tile(w_ptr, step, n, n_ok, k0, s_wn, K, BLOCK_N, BLOCK_K, F32, EVEN)
 
 
 @triton.jit
@@ -62,15 +81,21 @@ def moe_quant_gate_up_kernel(
     n_ok = n < I
     acc_g = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
     acc_u = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    sg_e, su_e = sg_ptr + e * s_sge, su_ptr + e * s_sue
+    glob_g = row_globals(gg_ptr + e * s_gge, n, n_ok, FMT)
+    glob_u = row_globals(gu_ptr + e * s_gue, n, n_ok, FMT)
+    step_g = expert_steps(sg_e, glob_g, n, n_ok, 0, s_sgn, H, BLOCK_K, F32, FMT)
+    step_u = expert_steps(su_e, glob_u, n, n_ok, 0, s_sun, H, BLOCK_K, F32, FMT)
     for k0 in range(0, H, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
         xt = tl.trans(tl.load(x_rows[:, None] + kk[None, :], mask=row_ok[:, None] & (kk < H)[None, :], other=0.0))
-        wg = expert_tile(wg_ptr + e * s_ge, sg_ptr + e * s_sge, gg_ptr + e * s_gge, n, n_ok, k0, s_gn, s_sgn, H,
-                         BLOCK_N, BLOCK_K, F32, FMT, EVEN)
+        next_g = expert_steps(sg_e, glob_g, n, n_ok, k0 + BLOCK_K, s_sgn, H, BLOCK_K, F32, FMT)
+        next_u = expert_steps(su_e, glob_u, n, n_ok, k0 + BLOCK_K, s_sun, H, BLOCK_K, F32, FMT)
+        wg = expert_tile(wg_ptr + e * s_ge, step_g, n, n_ok, k0, s_gn, H, BLOCK_N, BLOCK_K, F32, FMT, EVEN)
         acc_g = dot_acc(wg, xt, acc_g, F32)
-        wu = expert_tile(wu_ptr + e * s_ue, su_ptr + e * s_sue, gu_ptr + e * s_gue, n, n_ok, k0, s_un, s_sun, H,
-                         BLOCK_N, BLOCK_K, F32, FMT, EVEN)
+        wu = expert_tile(wu_ptr + e * s_ue, step_u, n, n_ok, k0, s_un, H, BLOCK_N, BLOCK_K, F32, FMT, EVEN)
         acc_u = dot_acc(wu, xt, acc_u, F32)
+        step_g, step_u = next_g, next_u
     h = swiglu(acc_g, acc_u, alpha, limit, ACT)
     out = inter_ptr + slots[None, :].to(tl.int64) * s_it + n[:, None]
     tl.store(out, h.to(inter_ptr.dtype.element_ty), mask=n_ok[:, None] & row_ok[None, :])
@@ -92,12 +117,16 @@ def moe_quant_down_kernel(
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < H
     acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    sd_e = sd_ptr + e * s_sde
+    glob = row_globals(gd_ptr + e * s_gde, n, n_ok, FMT)
+    step = expert_steps(sd_e, glob, n, n_ok, 0, s_sdn, I, BLOCK_K, F32, FMT)
     for k0 in range(0, I, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
         at = tl.trans(tl.load(a_rows[:, None] + kk[None, :], mask=row_ok[:, None] & (kk < I)[None, :], other=0.0))
-        w = expert_tile(wd_ptr + e * s_de, sd_ptr + e * s_sde, gd_ptr + e * s_gde, n, n_ok, k0, s_dn, s_sdn, I,
-                        BLOCK_N, BLOCK_K, F32, FMT, EVEN)
+        next_step = expert_steps(sd_e, glob, n, n_ok, k0 + BLOCK_K, s_sdn, I, BLOCK_K, F32, FMT)
+        w = expert_tile(wd_ptr + e * s_de, step, n, n_ok, k0, s_dn, I, BLOCK_N, BLOCK_K, F32, FMT, EVEN)
         acc = dot_acc(w, at, acc, F32)
+        step = next_step
     acc *= tl.load(weights_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)[None, :]
     out = y_ptr + pair[None, :].to(tl.int64) * s_yp + n[:, None]
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=n_ok[:, None] & row_ok[None, :])

@@ -2,7 +2,8 @@
 
     mx_tile(...) -> [BLOCK_N, BLOCK_K] weights: the fp8 bytes loaded as [BLOCK_N, BLOCK_K/32, 32] (16-byte
                     vector loads), one conversion, one broadcast multiply by the block's power of two
-                    (E8M0 `s` -> 2**(s - 127) as the fp32 bit pattern s << 23: no exp2)
+                    (mx_steps: E8M0 `s` -> 2**(s - 127) as the fp32 bit pattern s << 23, no exp2; the
+                    kernels load the steps one K step ahead, as the pipeliner only moves the tiles)
     nv_tile(...) -> the same for NVFP4 (E2M1 codes two a byte, e4m3 scale per 16, fp32 global per row):
                     the codes, read as int32 words, become e4m3 codes with word-wide bit operations
     mx_gemv_kernel  skinny M (<= 4 rows): no tl.dot; fp32 products reduced per 32-block, then scaled
@@ -28,27 +29,39 @@ def e8m0_scale(s):
 
 
 @triton.jit
-def mx_tile(w_ptr, s_ptr, n, n_ok, k0, s_wn, s_sn, K: tl.constexpr, BLOCK_N: tl.constexpr,
-            BLOCK_K: tl.constexpr, F32: tl.constexpr, EVEN: tl.constexpr):
-    """Dequantized MXFP8 weights [BLOCK_N, BLOCK_K] (rows n, inputs k0 + [0, BLOCK_K)), bf16 (fp32 if F32).
-    EVEN: every row and input of the tile exists (no masks)."""
+def mx_steps(s_ptr, n, n_ok, k0, s_sn, K: tl.constexpr, BLOCK_K: tl.constexpr, F32: tl.constexpr):
+    """The power of two of each 32-block of rows n, inputs k0 + [0, BLOCK_K): [BLOCK_N, BLOCK_K / 32], bf16
+    (exact; fp32 if F32), 0 past K. Loaded one K step ahead of its tile (the pipeliner moves only the tiles)."""
+    blk = k0 // MX_BLOCK + tl.arange(0, BLOCK_K // MX_BLOCK)
+    ok = n_ok[:, None] & (blk * MX_BLOCK < K)[None, :]
+    step = e8m0_scale(tl.load(s_ptr + n.to(tl.int64)[:, None] * s_sn + blk[None, :], mask=ok, other=0))
+    return step if F32 else step.to(tl.bfloat16)
+
+
+@triton.jit
+def mx_tile(w_ptr, step, n, n_ok, k0, s_wn, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+            F32: tl.constexpr, EVEN: tl.constexpr):
+    """Dequantized MXFP8 weights [BLOCK_N, BLOCK_K] (rows n, inputs k0 + [0, BLOCK_K)) in step's dtype:
+    one conversion and one multiply by the block's step (mx_steps). EVEN: no masks (the tile exists)."""
     G: tl.constexpr = BLOCK_K // MX_BLOCK
-    g = tl.arange(0, G)
-    kk = k0 + g[:, None] * MX_BLOCK + tl.arange(0, MX_BLOCK)[None, :]  # [G, 32]
-    rows = w_ptr + n.to(tl.int64) * s_wn
-    blk = k0 // MX_BLOCK + g
-    s_ptrs = s_ptr + n.to(tl.int64)[:, None] * s_sn + blk[None, :]
+    kk = k0 + tl.arange(0, G)[:, None] * MX_BLOCK + tl.arange(0, MX_BLOCK)[None, :]  # [G, 32]
+    ptrs = (w_ptr + n.to(tl.int64) * s_wn)[:, None, None] + kk[None, :, :]
     if EVEN:
-        w = tl.load(rows[:, None, None] + kk[None, :, :])
-        sb = tl.load(s_ptrs)
+        w = tl.load(ptrs)
     else:
-        w = tl.load(rows[:, None, None] + kk[None, :, :], mask=n_ok[:, None, None] & (kk < K)[None, :, :], other=0.0)
-        sb = tl.load(s_ptrs, mask=n_ok[:, None] & (k0 + g * MX_BLOCK < K)[None, :], other=0)
-    if F32:
-        wd = w.to(tl.float32) * e8m0_scale(sb)[:, :, None]
-    else:  # a power of two: exact in bf16
-        wd = w.to(tl.bfloat16) * e8m0_scale(sb).to(tl.bfloat16)[:, :, None]
-    return tl.reshape(wd, (BLOCK_N, BLOCK_K))
+        w = tl.load(ptrs, mask=n_ok[:, None, None] & (kk < K)[None, :, :], other=0.0)
+    return tl.reshape(w.to(step.dtype) * step[:, :, None], (BLOCK_N, BLOCK_K))
+
+
+@triton.jit
+def nv_steps(s_ptr, glob64, n, n_ok, k0, s_sn, K: tl.constexpr, BLOCK_K: tl.constexpr, F32: tl.constexpr):
+    """NVFP4 multiplier of each 16-block: e4m3 scale x the row's global x 64 (glob64 [BLOCK_N], fp32):
+    [BLOCK_N, BLOCK_K / 16] in bf16 (fp32 if F32), 0 past K."""
+    blk = k0 // NV_BLOCK + tl.arange(0, BLOCK_K // NV_BLOCK)
+    ok = n_ok[:, None] & (blk * NV_BLOCK < K)[None, :]
+    sc = tl.load(s_ptr + n.to(tl.int64)[:, None] * s_sn + blk[None, :], mask=ok, other=0.0)
+    step = sc.to(tl.float32) * glob64[:, None]
+    return step if F32 else step.to(tl.bfloat16)
 
 
 @triton.jit
@@ -60,39 +73,24 @@ def bytes_of(v):
 
 
 @triton.jit
-def nv_tile(w_ptr, s_ptr, g_ptr, n, n_ok, k0, s_wn, s_sn, K: tl.constexpr, BLOCK_N: tl.constexpr,
-            BLOCK_K: tl.constexpr, F32: tl.constexpr, EVEN: tl.constexpr):
+def nv_tile(w_ptr, step, n, n_ok, k0, s_wn, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+            F32: tl.constexpr, EVEN: tl.constexpr):
     """Dequantized NVFP4 weights [BLOCK_N, BLOCK_K] from int32 words of packed E2M1 codes (w_ptr, s_wn in
     words: eight codes a word, element 2j in byte j's low nibble). The codes become e4m3 codes of the same
     values / 64 four at a time with word-wide bit operations (kv_tiles_triton.e2m1_as_e4m3 per byte), then
-    one fp8 conversion; the block's e4m3 scale x the row's global (x 64) multiplies them."""
+    one fp8 conversion and one multiply by the block's step (nv_steps)."""
     G: tl.constexpr = BLOCK_K // NV_BLOCK
-    g = tl.arange(0, G)
-    kw = k0 // 8 + g[:, None] * 2 + tl.arange(0, 2)[None, :]  # words [G, 2]
-    rows = w_ptr + n.to(tl.int64) * s_wn
+    kw = k0 // 8 + tl.arange(0, G)[:, None] * 2 + tl.arange(0, 2)[None, :]  # words [G, 2]
+    ptrs = (w_ptr + n.to(tl.int64) * s_wn)[:, None, None] + kw[None, :, :]
     if EVEN:
-        word = tl.load(rows[:, None, None] + kw[None, :, :])
+        word = tl.load(ptrs)
     else:
-        word = tl.load(rows[:, None, None] + kw[None, :, :], mask=n_ok[:, None, None] & (kw < K // 8)[None, :, :],
-                       other=0)
+        word = tl.load(ptrs, mask=n_ok[:, None, None] & (kw < K // 8)[None, :, :], other=0)
     lo = ((word & 0x08080808) << 4) | ((word & 0x07070707) << 2)  # elements 0, 2, 4, 6
     hi = (word & -2139062144) | ((word >> 2) & 0x1C1C1C1C)  # (0x80808080) elements 1, 3, 5, 7
     codes = tl.reshape(tl.join(bytes_of(lo), bytes_of(hi)), (BLOCK_N, G, NV_BLOCK))
-    blk = k0 // NV_BLOCK + g
-    s_ptrs = s_ptr + n.to(tl.int64)[:, None] * s_sn + blk[None, :]
-    if EVEN:
-        sc = tl.load(s_ptrs)
-        glob = tl.load(g_ptr + n).to(tl.float32) * 64.0  # the / 64 undone
-    else:
-        sc = tl.load(s_ptrs, mask=n_ok[:, None] & (k0 + g * NV_BLOCK < K)[None, :], other=0.0)
-        glob = tl.load(g_ptr + n, mask=n_ok, other=0.0).to(tl.float32) * 64.0
-    step = sc.to(tl.float32) * glob[:, None]
-    vals = codes.to(tl.float8e4nv, bitcast=True)
-    if F32:
-        wd = vals.to(tl.float32) * step[:, :, None]
-    else:
-        wd = vals.to(tl.bfloat16) * step.to(tl.bfloat16)[:, :, None]
-    return tl.reshape(wd, (BLOCK_N, BLOCK_K))
+    vals = codes.to(tl.float8e4nv, bitcast=True).to(step.dtype)
+    return tl.reshape(vals * step[:, :, None], (BLOCK_N, BLOCK_K))
 
 
 @triton.jit
@@ -187,8 +185,11 @@ def mx_dot_kernel(
     acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
     x_rows = x_ptr + m.to(tl.int64) * s_xm
     k_begin = tl.program_id(1) * K_SPLIT
+    step = mx_steps(s_ptr, n, n_ok, k_begin, s_sn, K, BLOCK_K, F32)
     for k0 in range(k_begin, k_begin + K_SPLIT, BLOCK_K):
-        w = mx_tile(w_ptr, s_ptr, n, n_ok, k0, s_wn, s_sn, K, BLOCK_N, BLOCK_K, F32, EVEN)
+        next_step = mx_steps(s_ptr, n, n_ok, k0 + BLOCK_K, s_sn, K, BLOCK_K, F32)
+        w = mx_tile(w_ptr, step, n, n_ok, k0, s_wn, K, BLOCK_N, BLOCK_K, F32, EVEN)
+        step = next_step
         kk = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_rows[:, None] + kk[None, :], mask=m_ok[:, None] & (kk < K)[None, :], other=0.0)
         acc = dot_acc(w, tl.trans(x), acc, F32)
