@@ -19,7 +19,7 @@ def row_globals(g_ptr, n, n_ok, FMT: tl.constexpr):
     if FMT == 2:
         return tl.load(g_ptr + n, mask=n_ok, other=0.0).to(tl.float32) * 64.0
     else:
-        return tl.zeros(n.shape, tl.float32)
+        return n.to(tl.float32) * 0.0
 
 
 @triton.jit

@@ -35,7 +35,9 @@ def mx_steps(s_ptr, n, n_ok, k0, s_sn, K: tl.constexpr, BLOCK_K: tl.constexpr, F
     blk = k0 // MX_BLOCK + tl.arange(0, BLOCK_K // MX_BLOCK)
     ok = n_ok[:, None] & (blk * MX_BLOCK < K)[None, :]
     step = e8m0_scale(tl.load(s_ptr + n.to(tl.int64)[:, None] * s_sn + blk[None, :], mask=ok, other=0))
-    return step if F32 else step.to(tl.bfloat16)
+    if not F32:
+        step = step.to(tl.bfloat16)
+    return step
 
 
 @triton.jit
@@ -61,7 +63,9 @@ def nv_steps(s_ptr, glob64, n, n_ok, k0, s_sn, K: tl.constexpr, BLOCK_K: tl.cons
     ok = n_ok[:, None] & (blk * NV_BLOCK < K)[None, :]
     sc = tl.load(s_ptr + n.to(tl.int64)[:, None] * s_sn + blk[None, :], mask=ok, other=0.0)
     step = sc.to(tl.float32) * glob64[:, None]
-    return step if F32 else step.to(tl.bfloat16)
+    if not F32:
+        step = step.to(tl.bfloat16)
+    return step
 
 
 @triton.jit
