@@ -151,7 +151,8 @@ def mx_gemv_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_N, G], tl.float32)
     w_rows = w_ptr + n.to(tl.int64) * s_wn
     k_begin = tl.program_id(1) * K_SPLIT
-    for k0 in range(k_begin, k_begin + K_SPLIT, BLOCK_K):
+    for k_off in range(0, K_SPLIT, BLOCK_K):  # constant trip count
+        k0 = k_begin + k_off
         kk = k0 + g[:, None] * MX_BLOCK + tl.arange(0, MX_BLOCK)[None, :]  # [G, 32]
         k_ok = kk < K
         w = tl.load(w_rows[:, None, None] + kk[None, :, :], mask=n_ok[:, None, None] & k_ok[None, :, :], other=0.0)
@@ -190,7 +191,8 @@ def mx_dot_kernel(
     x_rows = x_ptr + m.to(tl.int64) * s_xm
     k_begin = tl.program_id(1) * K_SPLIT
     step = mx_steps(s_ptr, n, n_ok, k_begin, s_sn, K, BLOCK_K, F32)
-    for k0 in range(k_begin, k_begin + K_SPLIT, BLOCK_K):
+    for k_off in range(0, K_SPLIT, BLOCK_K):  # constant trip count
+        k0 = k_begin + k_off
         next_step = mx_steps(s_ptr, n, n_ok, k0 + BLOCK_K, s_sn, K, BLOCK_K, F32)
         w = mx_tile(w_ptr, step, n, n_ok, k0, s_wn, K, BLOCK_N, BLOCK_K, F32, EVEN)
         step = next_step
