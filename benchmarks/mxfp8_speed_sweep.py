@@ -90,10 +90,11 @@ def sweep_moe(sh: Shapes, batches, dev, gen) -> None:
         want = fused_moe_ref(**x32, w_gate=deq[0], w_up=deq[1], w_down=deq[2])
         run = lambda t: [lambda r=r: fused_moe(**r, **weights, backend=TRITON, tiles=t) for r in rs]  # noqa: E731
         check = lambda t: rel_err(fused_moe(**rs[0], **weights, backend=TRITON, tiles=t), want)  # noqa: E731
-        rule = quant_moe_tiles(b * sh.top_k, sh.n_local)
+        rule = quant_moe_tiles(b * sh.top_k, sh.n_local, sh.inter, sh.hidden)
         rule_us = time_us(run(rule))
-        cands = [replace(rule, block_n=bn, block_k=bk, num_stages=st, num_warps=nw)
-                 for (bn, nw), bk, st in itertools.product(((32, 4), (64, 4), (128, 8)), (128, 256), (3, 4))]
+        cands = [replace(rule, block_n=bn, block_k=bk, num_stages=st, num_warps=nw, split_k=sp)
+                 for (bn, nw), bk, st, sp in itertools.product(((64, 4), (128, 8)), (128, 256), (3, 4), (1, 2, 4))
+                 if sh.hidden % (sp * bk) == 0]
         us, t = best_of(cands, run, check)
         print(f"moe-local {fmt} B={b}: rule {rule_us:7.1f} us ({floor_us / rule_us:4.0%}) best {us:7.1f} us "
               f"({floor_us / us:4.0%}) {t}", flush=True)

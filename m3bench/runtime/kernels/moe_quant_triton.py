@@ -66,27 +66,31 @@ def pair_block(sorted_ptr, block_expert_ptr, n_pairs, pid_m, BLOCK_M: tl.constex
 def moe_quant_gate_up_kernel(
     x_ptr, wg_ptr, wu_ptr, inter_ptr, sorted_ptr, block_expert_ptr, n_post_ptr, n_pairs,
     alpha, limit, s_xt, s_ge, s_gn, s_ue, s_un, s_it, sg_ptr, su_ptr, s_sge, s_sgn, s_sue, s_sun,
-    gg_ptr, gu_ptr, s_gge, s_gue,
+    gg_ptr, gu_ptr, s_gge, s_gue, part_ptr, cnt_ptr, n_slots,
     H: tl.constexpr, I: tl.constexpr, TOPK: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACT: tl.constexpr, F32: tl.constexpr, FMT: tl.constexpr,
-    EVEN: tl.constexpr,
+    EVEN: tl.constexpr, SPLIT: tl.constexpr,
 ):
-    """inter[slot, n] = act(x[tok] . wg[e, n], x[tok] . wu[e, n]); grid (M-blocks, I / BLOCK_N)."""
+    """inter[slot, n] = act(x[tok] . wg[e, n], x[tok] . wu[e, n]); grid (M-blocks, I / BLOCK_N x SPLIT):
+    program_id(1) = n tile + tiles x K piece (H / SPLIT inputs each; the pieces meet in split_gate_up)."""
     pid_m = tl.program_id(0)
     if pid_m * BLOCK_M >= tl.load(n_post_ptr):
         return
     e, slots, pair, row_ok = pair_block(sorted_ptr, block_expert_ptr, n_pairs, pid_m, BLOCK_M)
     x_rows = x_ptr + (pair // TOPK).to(tl.int64) * s_xt
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_tiles: tl.constexpr = (I + BLOCK_N - 1) // BLOCK_N
+    n = tl.program_id(1) % n_tiles * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < I
+    k_begin = tl.program_id(1) // n_tiles * (H // SPLIT)
     acc_g = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
     acc_u = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
     sg_e, su_e = sg_ptr + e * s_sge, su_ptr + e * s_sue
     glob_g = row_globals(gg_ptr + e * s_gge, n, n_ok, FMT)
     glob_u = row_globals(gu_ptr + e * s_gue, n, n_ok, FMT)
-    step_g = expert_steps(sg_e, glob_g, n, n_ok, 0, s_sgn, H, BLOCK_K, F32, FMT)
-    step_u = expert_steps(su_e, glob_u, n, n_ok, 0, s_sun, H, BLOCK_K, F32, FMT)
-    for k0 in range(0, H, BLOCK_K):
+    step_g = expert_steps(sg_e, glob_g, n, n_ok, k_begin, s_sgn, H, BLOCK_K, F32, FMT)
+    step_u = expert_steps(su_e, glob_u, n, n_ok, k_begin, s_sun, H, BLOCK_K, F32, FMT)
+    for k_off in range(0, H // SPLIT, BLOCK_K):
+        k0 = k_begin + k_off
         kk = k0 + tl.arange(0, BLOCK_K)
         xt = tl.trans(tl.load(x_rows[:, None] + kk[None, :], mask=row_ok[:, None] & (kk < H)[None, :], other=0.0))
         next_g = expert_steps(sg_e, glob_g, n, n_ok, k0 + BLOCK_K, s_sgn, H, BLOCK_K, F32, FMT)
@@ -96,9 +100,28 @@ def moe_quant_gate_up_kernel(
         wu = expert_tile(wu_ptr + e * s_ue, step_u, n, n_ok, k0, s_un, H, BLOCK_N, BLOCK_K, F32, FMT, EVEN)
         acc_u = dot_acc(wu, xt, acc_u, F32)
         step_g, step_u = next_g, next_u
-    h = swiglu(acc_g, acc_u, alpha, limit, ACT)
+    mask = n_ok[:, None] & row_ok[None, :]
     out = inter_ptr + slots[None, :].to(tl.int64) * s_it + n[:, None]
-    tl.store(out, h.to(inter_ptr.dtype.element_ty), mask=n_ok[:, None] & row_ok[None, :])
+    if SPLIT > 1:
+        tile = pid_m * n_tiles + tl.program_id(1) % n_tiles
+        cell = slots[None, :].to(tl.int64) * I + n[:, None]
+        piece = part_ptr + (tl.program_id(1) // n_tiles).to(tl.int64) * 2 * n_slots * I + cell
+        tl.store(piece, acc_g, mask=mask, cache_modifier=".cg")
+        tl.store(piece + n_slots * I, acc_u, mask=mask, cache_modifier=".cg")
+        tl.debug_barrier()  # every thread's partial stored before the release below
+        if tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel") == SPLIT - 1:  # the last piece sums them in order
+            acc_g = tl.zeros_like(acc_g)
+            acc_u = tl.zeros_like(acc_u)
+            for sp in range(SPLIT):
+                acc_g += tl.load(part_ptr + sp * 2 * n_slots * I + cell, mask=mask, other=0.0, cache_modifier=".cg")
+                acc_u += tl.load(part_ptr + (sp * 2 + 1) * n_slots * I + cell, mask=mask, other=0.0,
+                                 cache_modifier=".cg")
+            h = swiglu(acc_g, acc_u, alpha, limit, ACT)
+            tl.store(out, h.to(inter_ptr.dtype.element_ty), mask=mask)
+            tl.atomic_xchg(cnt_ptr + tile, 0)
+    else:
+        h = swiglu(acc_g, acc_u, alpha, limit, ACT)
+        tl.store(out, h.to(inter_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit(do_not_specialize=["n_pairs"])

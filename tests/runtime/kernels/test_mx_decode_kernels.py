@@ -100,7 +100,8 @@ def _routing(g, n_tok, top_k, n_exp):
     return ids, torch.rand(n_tok, top_k, generator=g) + 0.1
 
 
-@pytest.mark.parametrize("tiles", [None, QuantMoeTiles(16, 32, 32), QuantMoeTiles(32, 16, 64)])
+@pytest.mark.parametrize("tiles", [None, QuantMoeTiles(16, 32, 32), QuantMoeTiles(32, 16, 64),
+                                   QuantMoeTiles(16, 32, 32, split_k=2)])
 def test_quant_moe_mxfp8_matches_dequantized_fp64(tiles):
     g = torch.Generator().manual_seed(11)
     n_tok, top_k, n_exp, hidden, inter = 7, 2, 4, 64, 96
@@ -112,9 +113,10 @@ def test_quant_moe_mxfp8_matches_dequantized_fp64(tiles):
     dgu, dd = quant.dequant_mxfp8(wgu, sgu, torch.float64), quant.dequant_mxfp8(wd, sd, torch.float64)
     want = fused_moe_ref(x.double(), dgu[:, :inter], dgu[:, inter:], dd, ids, w.double())
     assert torch.allclose(got.double(), want, atol=1e-4 * want.abs().max().item(), rtol=1e-4)
+    assert not split_counters(x.device).any()  # split gate|up pieces reset their counters
 
 
-@pytest.mark.parametrize("tiles", [None, QuantMoeTiles(16, 32, 32)])
+@pytest.mark.parametrize("tiles", [None, QuantMoeTiles(16, 32, 32), QuantMoeTiles(16, 16, 32, split_k=2)])
 def test_quant_moe_nvfp4_matches_dequantized_fp64(tiles):
     g = torch.Generator().manual_seed(12)
     n_tok, top_k, n_exp, hidden, inter = 6, 2, 4, 64, 96
@@ -144,5 +146,8 @@ def test_quant_moe_nvfp4_tile_decodes_every_code():
 
 
 def test_quant_moe_tiles_grow_with_pairs_per_expert():
-    assert quant_moe_tiles(4, 16).block_m == 16  # decode batch 1: four pairs over 16 experts
-    assert quant_moe_tiles(64 * 4, 16).block_m == 32 and quant_moe_tiles(4096, 16).block_m == 64
+    t1 = quant_moe_tiles(4, 16, 3072, 6144)  # decode batch 1: four pairs, 4 x 48 gate|up tiles: K in two
+    assert (t1.block_m, t1.split_k) == (16, 2)
+    t64 = quant_moe_tiles(64 * 4, 16, 3072, 6144)
+    assert (t64.block_m, t64.split_k) == (32, 1) and quant_moe_tiles(4096, 16, 3072, 6144).block_m == 64
+    assert quant_moe_tiles(16, 16, 3072, 6144).split_k == 1  # 16 x 48 tiles already fill the wave
