@@ -22,7 +22,7 @@ import torch
 
 from m3bench.runtime.kernels.backend import interpreting, next_pow2, sm_count
 
-# The dot kernel runs every batch by default: its sm90 SASS spends ~4.7 instructions a weight in the K loop
+# The dot kernel runs every batch by default: its sm90 SASS spends ~4.9 instructions a weight in the K loop
 # (tensor cores do the products), the GEMV's ~8.9 at one row (fp32 FMAs, x converted per weight) and
 # 100 registers a thread at two rows. The GEMV stays for comparison (benchmarks/mxfp8_speed.py "alt").
 GEMV_MAX_ROWS = 0
