@@ -49,3 +49,12 @@ def test_a_wrong_kernel_fails_the_run(bench, monkeypatch, triton_interpreter):
     assert bench.main(["--tiny", "--only", "linear"]) == 0
     monkeypatch.setattr(bench, "mxfp8_linear", off)
     assert bench.main(["--tiny", "--only", "linear"]) == 1
+
+
+def test_a_kernel_that_raises_reads_nan_and_fails_the_run(bench, monkeypatch, capsys, triton_interpreter):
+    def broken(*args, **kw):
+        raise RuntimeError("out of resource: shared memory")
+    monkeypatch.setattr(bench, "mxfp8_linear", broken)
+    assert bench.main(["--tiny", "--only", "linear"]) == 1
+    out = capsys.readouterr()
+    assert "FAILED: RuntimeError: out of resource" in out.err and "| nan |" in out.out
