@@ -72,13 +72,14 @@ def split_for(tiles: int, k: int, block_k: int, capacity: int) -> int:
 def mx_tiles(m: int, n: int, k: int, kernel: MxKernel | None = None, sms: int = SMS) -> MxTiles:
     """Decode tiles, one wave of programs on `sms` SMs. GEMV (M <= GEMV_MAX_ROWS): BLOCK_N 16, BLOCK_K 1024
     (or the largest power of two dividing K), 8 warps. Dot: BLOCK_N 64 (one wgmma row group), BLOCK_M the
-    batch padded to 16..64, BLOCK_K 256 (128 at BLOCK_M 64: two programs' stages fit an SM)."""
+    batch padded to 16..64 (128 past 64 rows: prefill), BLOCK_K 256 (128 from BLOCK_M 64: two programs'
+    stages fit an SM)."""
     kernel = kernel or (MxKernel.GEMV if m <= GEMV_MAX_ROWS else MxKernel.DOT)
     if kernel is MxKernel.GEMV:
         bk = block_k_for(k, 1024)
         return MxTiles(kernel, next_pow2(max(1, m)), 16, bk,
                        split_for(math.ceil(n / 16), k, bk, PER_SM["gemv"] * sms), 8, 1)
-    bm = min(64, max(16, next_pow2(m)))
+    bm = min(128 if m > 64 else 64, max(16, next_pow2(m)))  # prefill: 128 rows a tile, fewer re-dequantizations
     bk = block_k_for(k, 256 if bm <= 32 else 128)
     cap = PER_SM["dot16" if bm == 16 else "dot"] * sms
     return MxTiles(kernel, bm, 64, bk, split_for(math.ceil(m / bm) * math.ceil(n / 64), k, bk, cap), 4, 3)
@@ -110,7 +111,7 @@ def mx_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: 
         raise ValueError(f"split_k {t.split_k} x block_k {t.block_k} does not divide K {k}")
     y = x.new_empty((m, n))
     grid = t.grid(m, n)
-    if grid[0] > COUNTERS:
+    if t.split_k > 1 and grid[0] > COUNTERS:
         raise ValueError(f"{grid[0]} output tiles exceed the {COUNTERS} split counters")
     parts = x.new_empty((t.split_k, m, n) if t.split_k > 1 else (1,), dtype=torch.float32)
     args = (x, weight, scale.view(torch.uint8), bias if bias is not None else y, y, parts,

@@ -33,7 +33,7 @@ def _want(x, w, s, b=None):
     (3, 24, 384, MxTiles(GEMV, 4, 16, 128, split_k=3)),  # 3 of 4 rows live, 3 pieces
     (5, 40, 96, MxTiles(DOT, 16, 32, 32, split_k=3)),
     (33, 24, 128, MxTiles(DOT, 32, 16, 32, split_k=4)),  # two M tiles
-    (1, 24, 512, None), (3, 24, 512, None), (17, 64, 256, None),
+    (1, 24, 512, None), (3, 24, 512, None), (17, 64, 256, None), (70, 16, 64, None),  # 70 rows: BLOCK_M 128
 ])
 @pytest.mark.parametrize("bias", [False, True])
 def test_decode_linear_matches_dequantized_fp64(m, n, k, tiles, bias):
@@ -77,6 +77,7 @@ def test_decode_tiles_split_k_within_one_wave_at_rank_shapes():
     assert (t.kernel, t.block_m, t.block_n, t.block_k, t.split_k) == (DOT, 16, 64, 256, 12)
     t64 = mx_tiles(64, 1536, 6144)  # two programs an SM at BLOCK_M 64: 8 pieces
     assert (t64.block_m, t64.block_k, t64.split_k) == (64, 128, 8)
+    assert mx_tiles(8192, 1536, 6144).block_m == 128 and mx_tiles(8192, 1536, 6144).split_k == 1  # prefill
     g = mx_tiles(1, 1536, 6144, MxKernel.GEMV)  # the GEMV: 96 tiles x 6 one-step pieces
     assert (g.block_n, g.block_k, g.split_k, g.num_warps) == (16, 1024, 6, 8)
     assert mx_tiles(1, 3072, 6144, MxKernel.GEMV).split_k == 3  # 192 x 6 would exceed a wave of 6 an SM
