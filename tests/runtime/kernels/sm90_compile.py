@@ -34,6 +34,7 @@ from m3bench.runtime.kernels.attention import paged_attention
 from m3bench.runtime.kernels.backend import KernelBackend
 from m3bench.runtime.kernels.kv_write import write_pages
 from m3bench.runtime.kernels.moe import MoeScales, MoeTiles, fused_moe, moe_tiles
+from m3bench.runtime.kernels.mx_linear import MxKernel, mx_tiles
 from m3bench.runtime.kernels.mxfp8 import linear_tiles, mxfp8_linear
 from m3bench.runtime.kernels.msa_index import msa_select_blocks
 from m3bench.runtime.kernels.add_norm import add_rms_norm_fused
@@ -133,9 +134,10 @@ def record_mxfp8(T):
                   torch.empty(16, 6144, 1536, dtype=torch.uint8), ids, torch.rand(n_tok, 4), backend=T, scales=nv)
         for n, k in ((1024 + 2 * 128 + 128 + 128, 6144), (6144, 1024), (2 * 384, 6144), (6144, 384)):
             w, sc = torch.empty(n, k, dtype=torch.float8_e4m3fn), torch.empty(n, k // 32, dtype=torch.uint8)
-            for m in sorted({n_tok, 2, 4, 16}):  # the GEMV (1, 2 rows) and dot (4..64) decode kernels
+            for m in sorted({n_tok, 2, 16, 256}):  # decode BLOCK_M 16 / 64, prefill 128
                 mxfp8_linear(torch.randn(m, k).to(torch.bfloat16), w, sc, backend=T)
             mxfp8_linear(torch.randn(n_tok, k).to(torch.bfloat16), w, sc, backend=T, tiles=linear_tiles(n_tok, n, k))
+            mxfp8_linear(torch.randn(1, k).to(torch.bfloat16), w, sc, backend=T, tiles=mx_tiles(1, n, k, MxKernel.GEMV))
 
 
 def record_fused(caches, x3):
