@@ -140,10 +140,10 @@ def _down(h, wd, y, sorted_ids, block_expert, n_post, weights, t, scales, fmt, f
 
 
 def topk_sum(y: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, n_exp: int, top_k: int) -> None:
-    """out[t] = sum of y[t * top_k + k] over the local picks k (moe_triton.moe_sum_kernel)."""
-    from m3bench.runtime.kernels.moe_triton import moe_sum_kernel
+    """out[t] = sum of y[t * top_k + k] over the local picks k (moe_quant_triton.topk_sum_kernel)."""
+    from m3bench.runtime.kernels.moe_quant_triton import topk_sum_kernel
 
     block_n = min(1024, next_pow2(out.shape[1]))
     grid = (out.shape[0], math.ceil(out.shape[1] / block_n))
-    moe_sum_kernel[grid](y, ids, out, y.stride(0), out.stride(0), E=n_exp, H=out.shape[1], TOPK=top_k,
-                         BLOCK_N=block_n, num_warps=4)
+    topk_sum_kernel[grid](y, ids, out, y.stride(0), out.stride(0), E=n_exp, H=out.shape[1], TOPK=top_k,
+                          TOPK_P2=next_pow2(top_k), BLOCK_N=block_n, num_warps=4)

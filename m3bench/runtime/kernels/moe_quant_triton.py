@@ -153,3 +153,20 @@ def moe_quant_down_kernel(
     acc *= tl.load(weights_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)[None, :]
     out = y_ptr + pair[None, :].to(tl.int64) * s_yp + n[:, None]
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=n_ok[:, None] & row_ok[None, :])
+
+
+@triton.jit
+def topk_sum_kernel(
+    y_ptr, ids_ptr, out_ptr, s_yp, s_ot, E: tl.constexpr, H: tl.constexpr, TOPK: tl.constexpr,
+    TOPK_P2: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """out[t, n] = sum of y[t * TOPK + k, n] over the picks k of a local expert (ids in [0, E)), the
+    [TOPK, BLOCK_N] rows read at once; grid (T, cdiv(H, BLOCK_N))."""
+    t = tl.program_id(0).to(tl.int64)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k = tl.arange(0, TOPK_P2)
+    e = tl.load(ids_ptr + t * TOPK + k, mask=k < TOPK, other=-1)
+    local = (e >= 0) & (e < E)
+    rows = y_ptr + (t * TOPK + k)[:, None] * s_yp + n[None, :]
+    v = tl.load(rows, mask=local[:, None] & (n < H)[None, :], other=0.0).to(tl.float32)
+    tl.store(out_ptr + t * s_ot + n, tl.sum(v, axis=0).to(out_ptr.dtype.element_ty), mask=n < H)
