@@ -23,8 +23,8 @@ from m3bench.runtime.kernels import (
     kv_write_triton,
     moe_quant_triton,
     moe_triton,
-    mx_tiles_triton,
     msa_index_triton,
+    mx_tiles_triton,
     mxfp8_triton,
     norm_rope_triton,
     router_triton,
@@ -33,9 +33,8 @@ from m3bench.runtime.kernels import kv_quant as kq
 from m3bench.runtime.kernels.attention import paged_attention
 from m3bench.runtime.kernels.backend import KernelBackend
 from m3bench.runtime.kernels.kv_write import write_pages
-from m3bench.runtime.kernels.moe import MoeScales, MoeTiles, fused_moe, moe_tiles
-from m3bench.runtime.kernels.mx_linear import MxKernel, mx_tiles
-from m3bench.runtime.kernels.mxfp8 import linear_tiles, mxfp8_linear
+from m3bench.runtime.kernels.moe import MoeScales, MoeTiles, fused_moe
+from m3bench.runtime.kernels.mxfp8 import mxfp8_linear
 from m3bench.runtime.kernels.msa_index import msa_select_blocks
 from m3bench.runtime.kernels.add_norm import add_rms_norm_fused
 from m3bench.runtime.kernels.norm_rope import Branch, norm_rope_write
@@ -116,6 +115,10 @@ def record_all(q_lens):
 
 def record_mxfp8(T):
     """MXFP8 / NVFP4 experts and MXFP8 linear layers at one TP8 rank's shapes (batch 1 and 64)."""
+    from m3bench.runtime.kernels.moe import moe_tiles
+    from m3bench.runtime.kernels.mx_linear import MxKernel, mx_tiles
+    from m3bench.runtime.kernels.mxfp8 import linear_tiles
+
     for n_tok in (1, 64):
         xs = torch.randn(n_tok, 6144).to(torch.bfloat16)
         wg = torch.empty(16, 3072, 6144, dtype=torch.float8_e4m3fn)
