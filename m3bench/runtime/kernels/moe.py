@@ -8,8 +8,7 @@ contribute nothing; topk_weights [T, K] routing weights (already renormalized an
 MXFP8 experts: float8_e4m3fn weights plus `scales=MoeScales(gate, up, down)` (uint8 E8M0, one per 32
 inputs: [E, I, H/32], [E, I, H/32], [E, H, I/32]). NVFP4 experts: packed uint8 weights [E, I, H/2] /
 [E, H, I/2] plus `MoeScales(gate, up, down, gate_global, up_global, down_global)` (e4m3 per 16 inputs,
-fp32 global per row [E, I] / [E, H]). The kernels dequantize either in registers: by default those of
-kernels/moe_quant.py (whole tiles, one dot a K step); `tiles=MoeTiles(...)` runs the first ones (moe_triton.py).
+fp32 global per row [E, I] / [E, H]). The kernels dequantize either in registers.
 """
 
 from __future__ import annotations
@@ -39,7 +38,9 @@ _ACT_CODE = {MoeActivation.SWIGLUOAI: 0, MoeActivation.SILU: 1}
 @dataclass(frozen=True)
 class MoeScales:
     """Block scales of quantized expert weights (views into stacked tensors work, as for the weights):
-    E8M0 for MXFP8; e4m3 plus per-row fp32 globals for NVFP4."""
+    E8M0 for MXFP8; e4m3 plus per-row fp32 globals for NVFP4. With scales, fused_moe runs the kernels of
+    kernels/moe_quant.py (whole tiles dequantized, one dot a K step) unless `tiles=MoeTiles(...)` asks for the
+    first ones (moe_triton.py)."""
 
     gate: torch.Tensor
     up: torch.Tensor
