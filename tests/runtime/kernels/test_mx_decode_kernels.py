@@ -131,21 +131,6 @@ def test_quant_moe_nvfp4_matches_dequantized_fp64(tiles):
     assert torch.allclose(got.double(), want, atol=1e-4 * want.abs().max().item(), rtol=1e-4)
 
 
-def test_quant_moe_nvfp4_tile_decodes_every_code():
-    """All 16 E2M1 codes in both nibbles through the new gate/up kernel (one expert, identity inputs)."""
-    codes = torch.arange(16).repeat(4)  # 64 inputs
-    packed = quant.pack_e2m1(codes.view(1, -1).expand(32, -1)).view(1, 32, 32)
-    scale = torch.ones(1, 32, 4).to(torch.float8_e4m3fn)
-    glob = torch.full((1, 32), 0.5)
-    down_p, down_s, down_g = nv_random_experts(torch.Generator().manual_seed(1), 1, 64, 32)
-    x = torch.eye(64)[:5]
-    ids, w = torch.zeros(5, 1, dtype=torch.int32), torch.ones(5, 1)
-    scales = MoeScales(scale, scale, down_s, glob, glob, down_g)
-    got = fused_moe(x, packed, packed, down_p, ids, w, backend=T, tiles=QuantMoeTiles(16, 32, 64), scales=scales)
-    ref = fused_moe(x, packed, packed, down_p, ids, w, backend=KernelBackend.TORCH, scales=scales)
-    assert torch.allclose(got, ref, atol=1e-5)
-
-
 def test_quant_moe_tiles_grow_with_pairs_per_expert():
     t1 = quant_moe_tiles(4, 16, 3072, 6144)  # decode batch 1: four pairs, 4 x 48 gate|up tiles: K in two
     assert (t1.block_m, t1.split_k) == (16, 2)

@@ -6,6 +6,7 @@ import torch
 from m3bench.runtime import quant
 from m3bench.runtime.kernels.backend import KernelBackend
 from m3bench.runtime.kernels.moe import MoeScales, MoeTiles, fused_moe
+from m3bench.runtime.kernels.moe_quant import QuantMoeTiles
 from m3bench.runtime.kernels.mxfp8 import LinearTiles, mxfp8_linear
 from m3bench.runtime.kernels.reference import fused_moe_ref
 from .quant_cases import mx_random, nv_random_experts
@@ -93,7 +94,8 @@ def test_nvfp4_fused_moe_matches_dequantized_fp32(tiles):
     assert torch.allclose(torch_path.double(), want, atol=1e-3 * want.abs().max().item(), rtol=1e-4)
 
 
-def test_nvfp4_tile_decodes_every_code():
+@pytest.mark.parametrize("tiles", [MoeTiles(16, 32, 64), QuantMoeTiles(16, 32, 64)])  # first kernels, new ones
+def test_nvfp4_tile_decodes_every_code(tiles):
     """All 16 E2M1 codes in both nibbles, through the kernel (one expert, identity routing)."""
     codes = torch.arange(16).repeat(4)  # 64 inputs
     packed = quant.pack_e2m1(codes.view(1, -1).expand(32, -1)).view(1, 32, 32)
@@ -105,6 +107,6 @@ def test_nvfp4_tile_decodes_every_code():
     x = torch.eye(64)[:3]
     ids, w = torch.zeros(3, 1, dtype=torch.int32), torch.ones(3, 1)
     scales = MoeScales(scale, scale, down_s, glob, glob, down_g)
-    got = fused_moe(x, packed, packed, down_p, ids, w, backend=T, tiles=MoeTiles(16, 32, 64), scales=scales)
+    got = fused_moe(x, packed, packed, down_p, ids, w, backend=T, tiles=tiles, scales=scales)
     ref = fused_moe(x, packed, packed, down_p, ids, w, backend=KernelBackend.TORCH, scales=scales)
     assert torch.allclose(got, ref, atol=1e-5)
