@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
 import torch.nn.functional as F
 from kernels_gpu import time_us
-from mxfp8_gpu import MX_BYTES, NV_BYTES, TINY, Shapes, make_experts, rel_err, routing
+from mxfp8_gpu import MX_BYTES, NV_BYTES, TINY, Shapes, bench_device, make_experts, rel_err, routing
 
 from m3bench.runtime import quant
 from m3bench.runtime.kernels.backend import KernelBackend
@@ -193,10 +193,9 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if not args.tiny and not torch.cuda.is_available():
-        print("no CUDA device: run on the H200 (or --tiny under TRITON_INTERPRET=1)", file=sys.stderr)
+    dev = bench_device(args.tiny)
+    if dev is None:
         return 2
-    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     sh = replace(TINY, batches=(1, 3)) if args.tiny else replace(Shapes(), batches=BATCHES)
     gen = torch.Generator(device=dev).manual_seed(0)
     rows = [] if args.only == "moe" else linear_rows(sh, sh.batches, dev, gen)
