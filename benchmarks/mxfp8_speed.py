@@ -169,6 +169,16 @@ def goal(r: Row) -> str:
     return "ok" if met else "MISS"
 
 
+def goal_summary(rows: list[Row]) -> str:
+    """One line: rows meeting issue 16's goals, per format and for the memory-bound rows."""
+    def count(sel):  # noqa: E306
+        return f"{sum(goal(r) == 'ok' for r in sel)}/{len(sel)}"
+    mx, nv = [r for r in rows if r.fmt == "mxfp8"], [r for r in rows if r.fmt == "nvfp4"]
+    bound = [r for r in mx if r.kernel == "moe-local" and r.batch >= 16]
+    return (f"goals met: MXFP8 {count(mx)} rows, NVFP4 {count(nv)} rows; memory-bound MXFP8 rows "
+            f"(moe-local, batch >= 16) {count(bound)}")
+
+
 def table_line(r: Row) -> str:
     alt = f"{r.alt_us:.1f}" if r.alt_us is not None else "-"
     return (f"| {r.kernel} | {r.fmt} | {r.batch} | {r.bf16_us:.1f} | {r.old_us:.1f} | {r.new_us:.1f} | {alt} | "
@@ -200,7 +210,7 @@ def main(argv=None) -> int:
     gen = torch.Generator(device=dev).manual_seed(0)
     rows = [] if args.only == "moe" else linear_rows(sh, sh.batches, dev, gen)
     rows += [] if args.only == "linear" else moe_rows(sh, sh.batches, dev, gen)
-    table = markdown_table(rows)
+    table = markdown_table(rows) + "\n\n" + goal_summary(rows)
     print(table)
     if args.markdown:
         args.markdown.write_text(table + "\n")

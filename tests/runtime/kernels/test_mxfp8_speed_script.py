@@ -28,6 +28,8 @@ def test_rows_give_floor_share_speedup_and_goal(bench):
     assert bench.goal(bench.Row("moe-local", "mxfp8", 16, n * k, 25.0, 60.0, 16.0, None, 1e-3, 2e-3)) == "MISS"  # 1.56x
     assert bench.goal(bench.Row("moe-local", "mxfp8", 1, n * k, 25.0, 60.0, 16.0, None, 1e-3, 2e-3)) == "ok"  # batch 1
     assert bench.goal(bench.Row("qkv", "mxfp8", 1, n * k, 99.0, 60.0, 20.0, None, 1e-3, 2e-3)) == "MISS"  # 71%
+    assert bench.goal_summary([row]) == ("goals met: MXFP8 1/1 rows, NVFP4 0/0 rows; memory-bound MXFP8 rows "
+                                         "(moe-local, batch >= 16) 1/1")
     line = bench.markdown_table([row]).splitlines()[-1]
     assert line == "| moe-local | mxfp8 | 16 | 40.0 | 60.0 | 16.0 | - | 88% | 2.50x | 3.75x | 1.0e-03 | 2.0e-03 | ok |"
 
