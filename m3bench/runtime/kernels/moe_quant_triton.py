@@ -112,7 +112,7 @@ def moe_quant_gate_up_kernel(
         if tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel") == SPLIT - 1:  # the last piece sums them in order
             acc_g = tl.zeros_like(acc_g)
             acc_u = tl.zeros_like(acc_u)
-            for sp in range(SPLIT):
+            for sp in tl.static_range(SPLIT):  # all partials in flight at once
                 acc_g += tl.load(part_ptr + sp * 2 * n_slots * I + cell, mask=mask, other=0.0, cache_modifier=".cg")
                 acc_u += tl.load(part_ptr + (sp * 2 + 1) * n_slots * I + cell, mask=mask, other=0.0,
                                  cache_modifier=".cg")

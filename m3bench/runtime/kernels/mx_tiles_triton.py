@@ -119,7 +119,7 @@ def finish_tile(acc, m, n, m_ok, n_ok, y_ptr, s_ym, b_ptr, part_ptr, cnt_ptr, ti
         tl.debug_barrier()  # every thread's partial stored before the release below
         if tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel") == SPLIT - 1:
             acc = tl.zeros_like(acc)
-            for s in range(SPLIT):
+            for s in tl.static_range(SPLIT):  # all partials in flight at once
                 acc += tl.load(part_ptr + s * M * N + cell, mask=mask, other=0.0, cache_modifier=".cg")
             _store(acc, m, n, mask, y_ptr, s_ym, b_ptr, n_ok, HAS_BIAS)
             tl.atomic_xchg(cnt_ptr + tile, 0)
