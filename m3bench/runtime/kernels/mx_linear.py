@@ -27,8 +27,9 @@ from m3bench.runtime.kernels.backend import interpreting, next_pow2, sm_count
 # 100 registers a thread at two rows. The GEMV stays for comparison (benchmarks/mxfp8_speed.py "alt").
 GEMV_MAX_ROWS = 0
 SMS = 132  # H100 / H200
-# resident programs an SM holds (sm90 SASS: registers a thread, shared memory with 3 stages)
-PER_SM = {"gemv": 6, "dot16": 3, "dot": 2}  # 40 regs x 256 threads; 164 x 128, 58 KB; ~240 x 128, 66-83 KB
+# resident programs an SM holds, from the Triton 3.6 sm90 build (registers a thread; shared memory, 3 stages):
+# GEMV 42 x 256 threads; dot BLOCK_M 16: 128 x 128, 58 KB; 32: 155, 83 KB; 64: 128, 66 KB; 128: 188, 115 KB
+PER_SM = {"gemv": 6, 16: 3, 32: 2, 64: 3, 128: 2}
 MAX_SPLIT = 16
 COUNTERS = 1 << 16  # output tiles of one launch, at most
 
@@ -81,7 +82,7 @@ def mx_tiles(m: int, n: int, k: int, kernel: MxKernel | None = None, sms: int = 
                        split_for(math.ceil(n / 16), k, bk, PER_SM["gemv"] * sms), 8, 1)
     bm = min(128 if m > 64 else 64, max(16, next_pow2(m)))  # prefill: 128 rows a tile, fewer re-dequantizations
     bk = block_k_for(k, 256 if bm <= 32 else 128)
-    cap = PER_SM["dot16" if bm == 16 else "dot"] * sms
+    cap = PER_SM[bm] * sms
     return MxTiles(kernel, bm, 64, bk, split_for(math.ceil(m / bm) * math.ceil(n / 64), k, bk, cap), 4, 3)
 
 

@@ -75,8 +75,8 @@ def test_decode_linear_reads_each_block_scale():
 def test_decode_tiles_split_k_within_one_wave_at_rank_shapes():
     t = mx_tiles(1, 1536, 6144)  # qkv + index of a TP8 rank at batch 1: 24 tiles x 12 pieces of two K steps
     assert (t.kernel, t.block_m, t.block_n, t.block_k, t.split_k) == (DOT, 16, 64, 256, 12)
-    t64 = mx_tiles(64, 1536, 6144)  # two programs an SM at BLOCK_M 64: 8 pieces
-    assert (t64.block_m, t64.block_k, t64.split_k) == (64, 128, 8)
+    t32, t64 = mx_tiles(32, 1536, 6144), mx_tiles(64, 1536, 6144)  # 2 / 3 programs an SM: 8 / 16 pieces
+    assert (t32.block_m, t32.block_k, t32.split_k, t64.block_m, t64.block_k, t64.split_k) == (32, 256, 8, 64, 128, 16)
     assert mx_tiles(8192, 1536, 6144).block_m == 128 and mx_tiles(8192, 1536, 6144).split_k == 1  # prefill
     g = mx_tiles(1, 1536, 6144, MxKernel.GEMV)  # the GEMV: 96 tiles x 6 one-step pieces
     assert (g.block_n, g.block_k, g.split_k, g.num_warps) == (16, 1024, 6, 8)
