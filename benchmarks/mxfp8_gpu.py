@@ -253,12 +253,19 @@ def parse_args(argv):
     return ap.parse_args(argv)
 
 
+def bench_device(tiny: bool) -> torch.device | None:
+    """CUDA, or the CPU for --tiny (under TRITON_INTERPRET=1); None (the reason printed) without either."""
+    if not tiny and not torch.cuda.is_available():
+        print("no CUDA device: run on the H200 (or --tiny under TRITON_INTERPRET=1)", file=sys.stderr)
+        return None
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if not args.tiny and not torch.cuda.is_available():
-        print("no CUDA device: run on the H200 (or --tiny under TRITON_INTERPRET=1)", file=sys.stderr)
+    dev = bench_device(args.tiny)
+    if dev is None:
         return 2
-    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     sh, gen = (TINY if args.tiny else Shapes()), torch.Generator(device=dev).manual_seed(0)
     checks = run_checks(sh, dev, gen)
     bad = {k: v for k, v in checks.items() if v > 2e-2}

@@ -8,8 +8,9 @@ import torch.nn.functional as F
 
 from m3bench.runtime import quant
 from m3bench.runtime.kernels.backend import KernelBackend
-from m3bench.runtime.kernels.moe import MoeScales, fused_moe
-from m3bench.runtime.kernels.mxfp8 import mxfp8_linear
+from m3bench.runtime.kernels.moe import MoeScales, fused_moe, moe_tiles
+from m3bench.runtime.kernels.mx_linear import MxKernel, mx_tiles, split_counters
+from m3bench.runtime.kernels.mxfp8 import linear_tiles, mxfp8_linear
 from m3bench.runtime.kernels.reference import fused_moe_ref
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -30,8 +31,40 @@ def test_mxfp8_linear_rank_shapes(batch, n, k):
     assert _rel(mxfp8_linear(x, w, s, backend=T), want) < 1e-2
 
 
+@pytest.mark.parametrize("batch", [1, 2, 4, 16, 64])
+@pytest.mark.parametrize("n, k", [(1536, 6144), (6144, 1024), (3072, 6144), (6144, 1536), (768, 6144), (6144, 384)])
+def test_decode_kernels_and_the_first_kernel_at_rank_shapes(batch, n, k):
+    """Both new kernels where they apply (GEMV to 4 rows), and the first kernel, on the same inputs."""
+    g = torch.Generator(device="cuda").manual_seed(batch * 7 + n + k)
+    w, s = quant.quant_mxfp8(torch.randn(n, k, device="cuda", generator=g) * k ** -0.5)
+    x = torch.randn(batch, k, device="cuda", generator=g).to(torch.bfloat16)
+    b = torch.randn(n, device="cuda", generator=g).to(torch.bfloat16)
+    want = F.linear(x.float(), quant.dequant_mxfp8(w, s, torch.float32), b.float())
+    kernels = [MxKernel.GEMV, MxKernel.DOT] if batch <= 4 else [MxKernel.DOT]
+    for tiles in [mx_tiles(batch, n, k, kern) for kern in kernels] + [linear_tiles(batch, n, k)]:
+        got = mxfp8_linear(x, w, s, b, backend=T, tiles=tiles)
+        assert got.dtype == torch.bfloat16 and _rel(got, want) < 1e-2, tiles
+    assert not split_counters(x.device).any()
+
+
+def test_split_k_is_deterministic_in_a_cuda_graph():
+    """Replays of a captured split-K GEMM give bit-identical results and leave the counters zero."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    w, s = quant.quant_mxfp8(torch.randn(1536, 6144, device="cuda", generator=g) * 6144 ** -0.5)
+    x = torch.randn(1, 6144, device="cuda", generator=g).to(torch.bfloat16)
+    assert mx_tiles(1, 1536, 6144).split_k > 1
+    first = mxfp8_linear(x, w, s, backend=T)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = mxfp8_linear(x, w, s, backend=T)
+    for _ in range(5):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, first) and not split_counters(x.device).any()
+
+
 @pytest.mark.parametrize("fmt", ["mxfp8", "nvfp4"])
-@pytest.mark.parametrize("batch", [1, 64])
+@pytest.mark.parametrize("batch", [1, 4, 16, 64])
 def test_quantized_moe_rank_shapes(fmt, batch):
     g = torch.Generator(device="cuda").manual_seed(batch)
     e, i, h = 16, 3072, 6144
@@ -49,7 +82,8 @@ def test_quantized_moe_rank_shapes(fmt, batch):
     ids = torch.randint(0, e, (batch, 4), device="cuda", generator=g, dtype=torch.int32)
     x = torch.randn(batch, h, device="cuda", generator=g).to(torch.bfloat16)
     w = torch.rand(batch, 4, device="cuda", generator=g) + 0.1
-    got = fused_moe(x, qgu[:, :i], qgu[:, i:], qd, ids, w, backend=T, scales=scales)
     dq = scales.dequantized(qgu[:, :i], qgu[:, i:], qd, torch.float32)
     want = fused_moe_ref(x.float(), *dq, ids, w)
-    assert _rel(got, want) < 3e-2
+    for tiles in (None, moe_tiles(batch * 4, e, i, h)):  # the new kernels, then the first ones
+        got = fused_moe(x, qgu[:, :i], qgu[:, i:], qd, ids, w, backend=T, scales=scales, tiles=tiles)
+        assert _rel(got, want) < 3e-2, tiles

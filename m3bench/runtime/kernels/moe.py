@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -28,13 +29,18 @@ from m3bench.runtime.kernels.backend import (
 )
 from m3bench.runtime.kernels.reference import MoeActivation
 
+if TYPE_CHECKING:
+    from m3bench.runtime.kernels.moe_quant import QuantMoeTiles
+
 _ACT_CODE = {MoeActivation.SWIGLUOAI: 0, MoeActivation.SILU: 1}
 
 
 @dataclass(frozen=True)
 class MoeScales:
     """Block scales of quantized expert weights (views into stacked tensors work, as for the weights):
-    E8M0 for MXFP8; e4m3 plus per-row fp32 globals for NVFP4."""
+    E8M0 for MXFP8; e4m3 plus per-row fp32 globals for NVFP4. With scales, fused_moe runs the kernels of
+    kernels/moe_quant.py (whole tiles dequantized, one dot a K step) unless `tiles=MoeTiles(...)` asks for the
+    first ones (moe_triton.py)."""
 
     gate: torch.Tensor
     up: torch.Tensor
@@ -113,7 +119,7 @@ def fused_moe(
     limit: float = 7.0,
     out: torch.Tensor | None = None,
     backend: KernelBackend = KernelBackend.AUTO,
-    tiles: MoeTiles | None = None,
+    tiles: MoeTiles | QuantMoeTiles | None = None,
     scales: MoeScales | None = None,
 ) -> torch.Tensor:
     """sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t]) -> [T, H]."""
@@ -123,6 +129,11 @@ def fused_moe(
         return reference.fused_moe_ref(
             x, w_gate, w_up, w_down, topk_ids, topk_weights, activation, alpha, limit, out
         )
+    if scales is not None and not isinstance(tiles, MoeTiles):  # quantized: the tile-dequantizing kernels
+        from m3bench.runtime.kernels.moe_quant import fused_moe_quant
+
+        return fused_moe_quant(x, w_gate, w_up, w_down, topk_ids, topk_weights, activation, alpha, limit, out,
+                               scales, tiles)
     n_tok, top_k = topk_ids.shape
     n_exp = w_gate.shape[0]
     tiles = tiles or moe_tiles(n_tok * top_k, n_exp, w_gate.shape[1], x.shape[1])

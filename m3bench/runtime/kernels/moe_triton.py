@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from m3bench.runtime.kernels.kv_tiles_triton import mma
+from m3bench.runtime.kernels.moe_quant_triton import pair_block, swiglu
 from m3bench.runtime.kernels.mxfp8_triton import mx_dot, nv_weight_tile
 
 
@@ -38,24 +39,8 @@ def moe_align_kernel(
     tl.store(n_post_ptr, start)
 
 
-@triton.jit
-def _activation(g, u, alpha, limit, ACT: tl.constexpr):
-    """ACT 0 swigluoai: g=min(g, L), u=clamp(u, -L, L), g*sigmoid(alpha g)*(u+1); 1 silu(g)*u."""
-    if ACT == 0:
-        g = tl.minimum(g, limit)
-        u = tl.minimum(tl.maximum(u, -limit), limit)
-        return g / (1.0 + tl.exp(-alpha * g)) * (u + 1.0)
-    else:
-        return g / (1.0 + tl.exp(-g)) * u
-
-
-@triton.jit
-def _block_rows(sorted_ptr, block_expert_ptr, n_pairs, pid_m, BLOCK_M: tl.constexpr):
-    """(expert, slots, pair ids, row mask) of a live M-block pid_m."""
-    e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
-    slots = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(sorted_ptr + slots)
-    return e, slots, pair, pair < n_pairs
+_activation = swiglu  # one definition with the quantized MoE kernels
+_block_rows = pair_block
 
 
 @triton.jit(do_not_specialize=["n_pairs"])

@@ -2,9 +2,11 @@
 
     y = mxfp8_linear(x [M, K], weight fp8 [N, K], scale uint8 E8M0 [N, K/32], bias [N] | None)
 
-`w = fp8 * 2**(scale - 127)` per 32 consecutive inputs of a row (runtime/quant.py). The Triton kernel
-reads the fp8 bytes and the scales and dequantizes in registers (one byte a weight crosses HBM);
-the torch path dequantizes to x's dtype first and is the CPU reference.
+`w = fp8 * 2**(scale - 127)` per 32 consecutive inputs of a row (runtime/quant.py). The Triton kernels
+read the fp8 bytes and the scales and dequantize in registers (one byte a weight crosses HBM): by default
+the decode kernels of kernels/mx_linear.py (`MxTiles`); `tiles=LinearTiles(...)` runs the first kernel
+(32-wide sub-dots, mxfp8_triton.py), kept for comparison. The torch path dequantizes to x's dtype first
+and is the CPU reference.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch.nn.functional as F
 
 from m3bench.runtime import quant
 from m3bench.runtime.kernels.backend import KernelBackend, interpreting, use_triton
+from m3bench.runtime.kernels.mx_linear import MxTiles, mx_linear
 
 MIN_PROGRAMS = 264  # two waves of 132 SMs
 
@@ -45,7 +48,8 @@ def linear_tiles(m: int, n: int, k: int = 0) -> LinearTiles:
 
 
 def mxfp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
-                 backend: KernelBackend = KernelBackend.AUTO, tiles: LinearTiles | None = None) -> torch.Tensor:
+                 backend: KernelBackend = KernelBackend.AUTO,
+                 tiles: LinearTiles | MxTiles | None = None) -> torch.Tensor:
     """x [..., K] @ dequant(weight, scale)^T (+ bias) -> [..., N] in x's dtype."""
     if not use_triton(backend, x):
         return F.linear(x, quant.dequant_mxfp8(weight, scale, x.dtype), bias)
@@ -54,6 +58,9 @@ def mxfp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bia
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     n = weight.shape[0]
+    if not isinstance(tiles, LinearTiles):
+        y = mx_linear(x2, weight, scale, bias, tiles) if x2.shape[0] else x2.new_empty((0, n))
+        return y.reshape(*lead, n)
     t = tiles or linear_tiles(x2.shape[0], n, k)
     if not x2.shape[0]:
         return x2.new_empty((*lead, n))

@@ -21,8 +21,10 @@ from m3bench.runtime.kernels import (
     add_norm_triton,
     attention_triton,
     kv_write_triton,
+    moe_quant_triton,
     moe_triton,
     msa_index_triton,
+    mx_tiles_triton,
     mxfp8_triton,
     norm_rope_triton,
     router_triton,
@@ -74,7 +76,7 @@ def compile_launch(fn, args, kwargs):
 
 def record_all(q_lens):
     for mod in (attention_triton, msa_index_triton, moe_triton, kv_write_triton, mxfp8_triton, router_triton,
-                add_norm_triton, norm_rope_triton):
+                add_norm_triton, norm_rope_triton, mx_tiles_triton, moe_quant_triton):
         for name in dir(mod):
             if isinstance(getattr(mod, name), triton.JITFunction) and name.endswith("_kernel"):
                 setattr(mod, name, Recorder(getattr(mod, name)))
@@ -113,6 +115,10 @@ def record_all(q_lens):
 
 def record_mxfp8(T):
     """MXFP8 / NVFP4 experts and MXFP8 linear layers at one TP8 rank's shapes (batch 1 and 64)."""
+    from m3bench.runtime.kernels.moe import moe_tiles
+    from m3bench.runtime.kernels.mx_linear import MxKernel, mx_tiles
+    from m3bench.runtime.kernels.mxfp8 import linear_tiles
+
     for n_tok in (1, 64):
         xs = torch.randn(n_tok, 6144).to(torch.bfloat16)
         wg = torch.empty(16, 3072, 6144, dtype=torch.float8_e4m3fn)
@@ -121,6 +127,8 @@ def record_mxfp8(T):
                            torch.empty(16, 6144, 96, dtype=torch.uint8))
         ids = torch.randint(0, 16, (n_tok, 4), dtype=torch.int32)
         fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T, scales=scales)
+        old = moe_tiles(n_tok * 4, 16, 3072, 6144)
+        fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T, scales=scales, tiles=old)
         e4m3 = torch.float8_e4m3fn
         nv = MoeScales(torch.empty(16, 3072, 384, dtype=e4m3), torch.empty(16, 3072, 384, dtype=e4m3),
                        torch.empty(16, 6144, 192, dtype=e4m3), torch.empty(16, 3072), torch.empty(16, 3072),
@@ -129,7 +137,10 @@ def record_mxfp8(T):
                   torch.empty(16, 6144, 1536, dtype=torch.uint8), ids, torch.rand(n_tok, 4), backend=T, scales=nv)
         for n, k in ((1024 + 2 * 128 + 128 + 128, 6144), (6144, 1024), (2 * 384, 6144), (6144, 384)):
             w, sc = torch.empty(n, k, dtype=torch.float8_e4m3fn), torch.empty(n, k // 32, dtype=torch.uint8)
-            mxfp8_linear(torch.randn(n_tok, k).to(torch.bfloat16), w, sc, backend=T)
+            for m in sorted({n_tok, 2, 16, 256}):  # decode BLOCK_M 16 / 64, prefill 128
+                mxfp8_linear(torch.randn(m, k).to(torch.bfloat16), w, sc, backend=T)
+            mxfp8_linear(torch.randn(n_tok, k).to(torch.bfloat16), w, sc, backend=T, tiles=linear_tiles(n_tok, n, k))
+            mxfp8_linear(torch.randn(1, k).to(torch.bfloat16), w, sc, backend=T, tiles=mx_tiles(1, n, k, MxKernel.GEMV))
 
 
 def record_fused(caches, x3):

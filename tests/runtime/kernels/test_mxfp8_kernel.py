@@ -6,17 +6,16 @@ import torch
 from m3bench.runtime import quant
 from m3bench.runtime.kernels.backend import KernelBackend
 from m3bench.runtime.kernels.moe import MoeScales, MoeTiles, fused_moe
+from m3bench.runtime.kernels.moe_quant import QuantMoeTiles
 from m3bench.runtime.kernels.mxfp8 import LinearTiles, mxfp8_linear
 from m3bench.runtime.kernels.reference import fused_moe_ref
+from .quant_cases import mx_random, nv_random_experts
 
 pytestmark = pytest.mark.usefixtures("triton_interpreter")
 T = KernelBackend.TRITON
 
 
-def _mx(g, *shape):
-    """Random MXFP8 weights with scales spread over several exponents."""
-    w = torch.randn(*shape, generator=g) * torch.exp2(torch.randint(-3, 3, (*shape[:-1], 1), generator=g).float())
-    return quant.quant_mxfp8(w)
+_mx = mx_random
 
 
 @pytest.mark.parametrize("m, n, k, tiles", [(1, 48, 64, LinearTiles(16, 16, 32)), (5, 40, 96, LinearTiles(16, 32, 64)),
@@ -74,12 +73,7 @@ def test_mxfp8_fused_moe_matches_dequantized_fp32(tiles):
     assert torch.allclose(torch_path.double(), want, atol=1e-3, rtol=1e-4)
 
 
-def _nv(g, n_exp, rows, cols):
-    """Stacked NVFP4 experts with a different global scale per expert (one per row, as the layer keeps them)."""
-    parts = [quant.quant_nvfp4(torch.randn(rows, cols, generator=g) * (e + 1)) for e in range(n_exp)]
-    packed, scale = torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts])
-    glob = torch.stack([p[2].expand(rows) for p in parts]).contiguous()
-    return packed, scale, glob
+_nv = nv_random_experts
 
 
 @pytest.mark.parametrize("tiles", [MoeTiles(16, 16, 32), MoeTiles(16, 32, 64, block_n_down=16)])
@@ -100,7 +94,8 @@ def test_nvfp4_fused_moe_matches_dequantized_fp32(tiles):
     assert torch.allclose(torch_path.double(), want, atol=1e-3 * want.abs().max().item(), rtol=1e-4)
 
 
-def test_nvfp4_tile_decodes_every_code():
+@pytest.mark.parametrize("tiles", [MoeTiles(16, 32, 64), QuantMoeTiles(16, 32, 64)])  # first kernels, new ones
+def test_nvfp4_tile_decodes_every_code(tiles):
     """All 16 E2M1 codes in both nibbles, through the kernel (one expert, identity routing)."""
     codes = torch.arange(16).repeat(4)  # 64 inputs
     packed = quant.pack_e2m1(codes.view(1, -1).expand(32, -1)).view(1, 32, 32)
@@ -112,6 +107,6 @@ def test_nvfp4_tile_decodes_every_code():
     x = torch.eye(64)[:3]
     ids, w = torch.zeros(3, 1, dtype=torch.int32), torch.ones(3, 1)
     scales = MoeScales(scale, scale, down_s, glob, glob, down_g)
-    got = fused_moe(x, packed, packed, down_p, ids, w, backend=T, tiles=MoeTiles(16, 32, 64), scales=scales)
+    got = fused_moe(x, packed, packed, down_p, ids, w, backend=T, tiles=tiles, scales=scales)
     ref = fused_moe(x, packed, packed, down_p, ids, w, backend=KernelBackend.TORCH, scales=scales)
     assert torch.allclose(got, ref, atol=1e-5)

@@ -1,0 +1,121 @@
+"""Tile sweep of the new MXFP8 / NVFP4 decode kernels on the H200 (what mx_linear.mx_tiles and
+moe_quant.quant_moe_tiles should pick): every candidate checked against fp32, timed on cold weights.
+
+    python benchmarks/mxfp8_speed_sweep.py linear     # < 4 min each: the rule's tiles and the best candidate
+    python benchmarks/mxfp8_speed_sweep.py moe
+
+Linear rows: qkv+index [1536, 6144] and o_proj [6144, 1024] of a TP8 rank at batch 1, 4, 16, 64 (GEMV and
+dot kernels, BLOCK_N / BLOCK_K / stages / split targets); MoE rows: moe-local (16 experts, every pick local)
+at batch 1, 16, 64 in MXFP8 and NVFP4 (BLOCK_N, BLOCK_K, stages, warps). One line per row:
+rule us, best us, the best tiles, % of the 4.0 TB/s floor for both.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch
+import torch.nn.functional as F
+from kernels_gpu import time_us
+from mxfp8_gpu import MX_BYTES, NV_BYTES, Shapes, make_experts, rel_err, routing
+from mxfp8_speed import FLOOR_BYTES_PER_S, copies, linear_weights
+
+from m3bench.runtime.kernels.backend import KernelBackend, next_pow2
+from m3bench.runtime.kernels.moe import fused_moe
+from m3bench.runtime.kernels.moe_quant import quant_moe_tiles
+from m3bench.runtime.kernels.mx_linear import MxKernel, MxTiles, block_k_for, mx_tiles, split_for
+from m3bench.runtime.kernels.mxfp8 import mxfp8_linear
+from m3bench.runtime.kernels.reference import fused_moe_ref
+
+TRITON = KernelBackend.TRITON
+
+
+def linear_candidates(m: int, n: int, k: int):
+    """GEMV (to 4 rows) and dot tiles around the rule's: BLOCK_N, BLOCK_K, the wave size split K targets."""
+    kinds = [MxKernel.GEMV, MxKernel.DOT] if m <= 4 else [MxKernel.DOT]
+    for kind in kinds:
+        gemv = kind is MxKernel.GEMV
+        bns, bks, caps = ((16, 32), (512, 1024), (528, 924, 1848)) if gemv else ((64, 128), (128, 256), (264, 396))
+        for bn, bk, cap in itertools.product(bns, bks, caps):
+            bk = block_k_for(k, bk)
+            bm = next_pow2(m) if gemv else min(64, max(16, next_pow2(m)))
+            tiles = (1 if gemv else -(-m // bm)) * -(-n // bn)
+            warps = 8 if gemv or bn == 128 else 4
+            yield MxTiles(kind, bm, bn, bk, split_for(tiles, k, bk, cap), warps, 1 if gemv else 3)
+
+
+def best_of(cands, run, check) -> tuple[float, object]:
+    best = (float("inf"), None)
+    for t in dict.fromkeys(cands):
+        try:
+            if check(t) > 2e-2:
+                print(f"  WRONG {t}", file=sys.stderr)
+                continue
+            best = min(best, (time_us(run(t)), t), key=lambda b: b[0])
+        except Exception as exc:  # noqa: BLE001 - a tile that does not fit (shared memory): not a candidate
+            print(f"  skip {t}: {type(exc).__name__}", file=sys.stderr)
+    return best
+
+
+def sweep_linear(n: int, k: int, batches, dev, gen) -> None:
+    ws = linear_weights(n, k, copies(n * k * MX_BYTES), dev, gen)
+    floor_us = n * k * MX_BYTES / FLOOR_BYTES_PER_S * 1e6
+    for m in batches:
+        xs = [torch.randn(m, k, device=dev, generator=gen).to(torch.bfloat16) for _ in ws]
+        want = F.linear(xs[0].float(), ws[0][2].float())
+        def run(t):  # noqa: E306
+            return [lambda x=x, w=w: mxfp8_linear(x, w[0], w[1], backend=TRITON, tiles=t) for x, w in zip(xs, ws)]
+        check = lambda t: rel_err(mxfp8_linear(xs[0], ws[0][0], ws[0][1], backend=TRITON, tiles=t), want)  # noqa: E731
+        rule_us = time_us(run(mx_tiles(m, n, k)))
+        us, t = best_of(linear_candidates(m, n, k), run, check)
+        print(f"linear N={n} K={k} M={m}: rule {rule_us:6.1f} us ({floor_us / rule_us:4.0%}) best {us:6.1f} us "
+              f"({floor_us / us:4.0%}) {t}", flush=True)
+
+
+def sweep_moe(sh: Shapes, batches, dev, gen) -> None:
+    ex = make_experts(sh, dev, gen)
+    for (fmt, weights, wbytes), b in itertools.product((("mxfp8", ex.mx, MX_BYTES), ("nvfp4", ex.nv, NV_BYTES)),
+                                                      batches):
+        rs = [routing(b, sh.n_local, sh, dev, gen) for _ in range(8)]
+        hit = sum(int(torch.unique(r["topk_ids"]).numel()) for r in rs) / len(rs)
+        floor_us = hit * 3 * sh.inter * sh.hidden * wbytes / FLOOR_BYTES_PER_S * 1e6
+        deq = weights["scales"].dequantized(weights["w_gate"], weights["w_up"], weights["w_down"], torch.float32)
+        x32 = {k: v.float() if v.is_floating_point() else v for k, v in rs[0].items()}
+        want = fused_moe_ref(**x32, w_gate=deq[0], w_up=deq[1], w_down=deq[2])
+        run = lambda t: [lambda r=r: fused_moe(**r, **weights, backend=TRITON, tiles=t) for r in rs]  # noqa: E731
+        check = lambda t: rel_err(fused_moe(**rs[0], **weights, backend=TRITON, tiles=t), want)  # noqa: E731
+        rule = quant_moe_tiles(b * sh.top_k, sh.n_local, sh.inter, sh.hidden)
+        rule_us = time_us(run(rule))
+        cands = [replace(rule, block_n=bn, block_k=bk, num_stages=st, num_warps=nw, split_k=sp)
+                 for (bn, nw), bk, st, sp in itertools.product(((64, 4), (128, 8)), (128, 256), (3, 4), (1, 2, 4))
+                 if sh.hidden % (sp * bk) == 0]
+        us, t = best_of(cands, run, check)
+        print(f"moe-local {fmt} B={b}: rule {rule_us:7.1f} us ({floor_us / rule_us:4.0%}) best {us:7.1f} us "
+              f"({floor_us / us:4.0%}) {t}", flush=True)
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("no CUDA device: run on the H200", file=sys.stderr)
+        return 2
+    part = sys.argv[1] if len(sys.argv) > 1 else "linear"
+    if part not in ("linear", "moe"):
+        print(f"unknown part {part!r}: linear or moe", file=sys.stderr)
+        return 2
+    dev, gen = torch.device("cuda"), torch.Generator(device="cuda").manual_seed(0)
+    if part == "linear":
+        for n, k in ((1536, 6144), (6144, 1024)):
+            sweep_linear(n, k, (1, 4, 16, 64), dev, gen)
+    else:
+        sweep_moe(Shapes(), (1, 16, 64), dev, gen)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""benchmarks/mxfp8_speed.py: its table and goal column on known rows, and the tiny run end to end (interpreter)."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "mxfp8_speed.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    sys.path.insert(0, str(SCRIPT.parent))
+    spec = importlib.util.spec_from_file_location("mxfp8_speed", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["mxfp8_speed"] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_rows_give_floor_share_speedup_and_goal(bench):
+    n, k = 6144, 3072 * 3  # 56.6 MB of weights: 14.2 us at 4.0 TB/s
+    row = bench.Row("moe-local", "mxfp8", 16, n * k, 40.0, 60.0, 16.0, None, 1e-3, 2e-3)
+    assert row.pct_floor == pytest.approx(100 * n * k / 4.0e12 / 16e-6) and row.speedup == pytest.approx(2.5)
+    assert bench.goal(row) == "ok"
+    assert bench.goal(bench.Row("moe-local", "mxfp8", 16, n * k, 25.0, 60.0, 16.0, None, 1e-3, 2e-3)) == "MISS"  # 1.56x
+    assert bench.goal(bench.Row("moe-local", "mxfp8", 1, n * k, 25.0, 60.0, 16.0, None, 1e-3, 2e-3)) == "ok"  # batch 1
+    assert bench.goal(bench.Row("qkv", "mxfp8", 1, n * k, 99.0, 60.0, 20.0, None, 1e-3, 2e-3)) == "MISS"  # 71%
+    assert bench.goal_summary([row]) == ("goals met: MXFP8 1/1 rows, NVFP4 0/0 rows; memory-bound MXFP8 rows "
+                                         "(moe-local, batch >= 16) 1/1")
+    line = bench.markdown_table([row]).splitlines()[-1]
+    assert line == "| moe-local | mxfp8 | 16 | 40.0 | 60.0 | 16.0 | - | 88% | 2.50x | 3.75x | 1.0e-03 | 2.0e-03 | ok |"
+
+
+def test_tiny_run_times_every_kernel_and_writes_json(bench, tmp_path, triton_interpreter):
+    out = tmp_path / "speed.json"
+    assert bench.main(["--tiny", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert {(r["kernel"], r["fmt"], r["batch"]) for r in rows} >= {("qkv", "mxfp8", 1), ("o", "mxfp8", 3),
+                                                                  ("moe-local", "nvfp4", 3), ("moe-ep", "mxfp8", 1)}
+    assert all(r["err_new"] < 2e-2 and r["err_old"] < 2e-2 and r["new_us"] > 0 for r in rows)
+    assert all((r["alt_us"] is not None) == (r["kernel"] in ("qkv", "o") and r["batch"] == 1) for r in rows)
+
+
+def test_a_wrong_kernel_fails_the_run(bench, monkeypatch, triton_interpreter):
+    """An MXFP8 GEMM 5% off (a scale read one block late would be far worse) makes the run exit 1."""
+    def off(x, w, s, **kw):
+        return bench.F.linear(x, bench.quant.dequant_mxfp8(w, s, x.dtype)) * 1.05
+    assert bench.main(["--tiny", "--only", "linear"]) == 0
+    monkeypatch.setattr(bench, "mxfp8_linear", off)
+    assert bench.main(["--tiny", "--only", "linear"]) == 1
+
+
+def test_a_kernel_that_raises_reads_nan_and_fails_the_run(bench, monkeypatch, capsys, triton_interpreter):
+    def broken(*args, **kw):
+        raise RuntimeError("out of resource: shared memory")
+    monkeypatch.setattr(bench, "mxfp8_linear", broken)
+    assert bench.main(["--tiny", "--only", "linear"]) == 1
+    out = capsys.readouterr()
+    assert "FAILED: RuntimeError: out of resource" in out.err and "| nan |" in out.out
