@@ -36,6 +36,7 @@ from mxfp8_gpu import MX_BYTES, NV_BYTES, TINY, Shapes, bench_device, make_exper
 from m3bench.runtime import quant
 from m3bench.runtime.kernels.backend import KernelBackend
 from m3bench.runtime.kernels.moe import fused_moe, moe_tiles
+from m3bench.runtime.kernels.moe_quant import quant_moe_tiles
 from m3bench.runtime.kernels.mx_linear import MxKernel, mx_tiles
 from m3bench.runtime.kernels.mxfp8 import linear_tiles, mxfp8_linear
 from m3bench.runtime.kernels.reference import fused_moe_ref
@@ -135,11 +136,12 @@ def moe_row(name: str, ex, n_choice: int, b: int, sh: Shapes, dev, gen) -> list[
     rs = [routing(b, n_choice, sh, dev, gen) for _ in range(8 if dev.type == "cuda" else 1)]
     hit = sum(int(torch.unique(r["topk_ids"][r["topk_ids"] >= 0]).numel()) for r in rs) / len(rs)
     old_t = moe_tiles(b * sh.top_k, sh.n_local, sh.inter, sh.hidden)
+    new_t = quant_moe_tiles(b * sh.top_k, sh.n_local, sh.inter, sh.hidden)
     bf16_us = measure([lambda r=r: fused_moe(**r, **ex.bf16, backend=TRITON) for r in rs])
     out = []
     for fmt, weights, wbytes in (("mxfp8", ex.mx, MX_BYTES), ("nvfp4", ex.nv, NV_BYTES)):
         impls = {"old": lambda r, w=weights: fused_moe(**r, **w, backend=TRITON, tiles=old_t),
-                 "new": lambda r, w=weights: fused_moe(**r, **w, backend=TRITON)}
+                 "new": lambda r, w=weights: fused_moe(**r, **w, backend=TRITON, tiles=new_t)}
         us = {k: measure([lambda r=r, f=f: f(r) for r in rs]) for k, f in impls.items()}
         x32 = {k: v.float() if v.is_floating_point() else v for k, v in rs[0].items()}
         deq = weights["scales"].dequantized(weights["w_gate"], weights["w_up"], weights["w_down"], torch.float32)

@@ -27,6 +27,7 @@ from m3bench.runtime.kernels.backend import (
     next_pow2,
     use_triton,
 )
+from m3bench.runtime.kernels.quant_kernels import QuantKernels, default_quant_kernels
 from m3bench.runtime.kernels.reference import MoeActivation
 
 if TYPE_CHECKING:
@@ -129,6 +130,8 @@ def fused_moe(
         return reference.fused_moe_ref(
             x, w_gate, w_up, w_down, topk_ids, topk_weights, activation, alpha, limit, out
         )
+    if scales is not None and tiles is None and default_quant_kernels() is QuantKernels.V1:
+        tiles = moe_tiles(topk_ids.numel(), w_gate.shape[0], w_gate.shape[1], x.shape[1])
     if scales is not None and not isinstance(tiles, MoeTiles):  # quantized: the tile-dequantizing kernels
         from m3bench.runtime.kernels.moe_quant import fused_moe_quant
 

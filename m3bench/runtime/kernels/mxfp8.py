@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from m3bench.runtime import quant
 from m3bench.runtime.kernels.backend import KernelBackend, interpreting, use_triton
 from m3bench.runtime.kernels.mx_linear import MxTiles, mx_linear
+from m3bench.runtime.kernels.quant_kernels import QuantKernels, default_quant_kernels
 
 MIN_PROGRAMS = 264  # two waves of 132 SMs
 
@@ -58,6 +59,8 @@ def mxfp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bia
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     n = weight.shape[0]
+    if tiles is None and default_quant_kernels() is QuantKernels.V1:
+        tiles = linear_tiles(x2.shape[0], n, k)
     if not isinstance(tiles, LinearTiles):
         y = mx_linear(x2, weight, scale, bias, tiles) if x2.shape[0] else x2.new_empty((0, n))
         return y.reshape(*lead, n)

@@ -9,13 +9,41 @@ from m3bench.runtime.kernels.backend import KernelBackend
 from m3bench.runtime.kernels.moe import MoeScales, fused_moe
 from m3bench.runtime.kernels.moe_quant import QuantMoeTiles, quant_moe_tiles
 from m3bench.runtime.kernels.mx_linear import MxKernel, MxTiles, mx_tiles, split_counters
-from m3bench.runtime.kernels.mxfp8 import mxfp8_linear
+from m3bench.runtime.errors import InputError
+from m3bench.runtime.kernels.mxfp8 import linear_tiles, mxfp8_linear
+from m3bench.runtime.kernels.quant_kernels import ENV_VAR, QuantKernels, default_quant_kernels
 from m3bench.runtime.kernels.reference import fused_moe_ref
 from .quant_cases import mx_random, nv_random_experts
 
 pytestmark = pytest.mark.usefixtures("triton_interpreter")
 T = KernelBackend.TRITON
 GEMV, DOT = MxKernel.GEMV, MxKernel.DOT
+
+
+@pytest.fixture(autouse=True)
+def v2_by_default(monkeypatch):
+    """Calls without tiles run these kernels' own tile choice (the runtime's default is still V1)."""
+    monkeypatch.setenv(ENV_VAR, "v2")
+
+
+def test_default_generation_is_v1_until_v2_has_run_on_a_gpu(monkeypatch):
+    """No tiles: V1 by default, V2 when asked, a bad value refused; V1's and V2's results both match fp64."""
+    g = torch.Generator().manual_seed(11)
+    w, s = _mx(g, 24, 128)
+    x = torch.randn(3, 128, generator=g)
+    runs = {}
+    for gen in ("v1", "v2"):
+        monkeypatch.setenv(ENV_VAR, gen)
+        assert default_quant_kernels() is QuantKernels(gen)
+        runs[gen] = mxfp8_linear(x, w, s, backend=T)
+        assert torch.allclose(runs[gen].double(), _want(x, w, s), atol=1e-4, rtol=1e-4)
+    assert torch.equal(runs["v1"], mxfp8_linear(x, w, s, backend=T, tiles=linear_tiles(3, 24, 128)))
+    assert torch.equal(runs["v2"], mxfp8_linear(x, w, s, backend=T, tiles=mx_tiles(3, 24, 128)))
+    monkeypatch.delenv(ENV_VAR)
+    assert default_quant_kernels() is QuantKernels.V1
+    monkeypatch.setenv(ENV_VAR, "v3")
+    with pytest.raises(InputError, match="M3BENCH_QUANT_KERNELS='v3'"):
+        default_quant_kernels()
 
 
 def _mx(g, *shape):
