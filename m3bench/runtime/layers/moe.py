@@ -11,7 +11,7 @@ the shared expert is split by intermediate size. No tokens are exchanged: attent
 range and contribute nothing), and the one all-reduce that sums the shared expert's row-parallel
 partials also combines the experts' outputs. An all-to-all dispatch would only pay off with
 attention data parallelism, where ranks hold different tokens. On CUDA the routed experts run as one fused Triton MoE (`kernels.moe.fused_moe`:
-no host reads, CUDA-graph safe); the torch path (tokens grouped by expert with a sort, counts read
+no host reads, CUDA-graph safe), the shared expert inside it as one more expert (`fuse_shared`); the torch path (tokens grouped by expert with a sort, counts read
 on the host) stays for CPU and float64 and is the reference. `kernel_backend` forces either one.
 Built under `linear_format(LinearFormat.MXFP8)` the experts are float8_e4m3fn with E8M0 scales
 (`w_gate_up_scale` [E, 2 I, H/32], `w_down_scale` [E, H, I/32]); under NVFP4_EXPERTS they are packed E2M1
@@ -29,7 +29,7 @@ from torch import nn
 from m3bench.runtime import quant
 from m3bench.runtime.config import Activation, MoeConfig
 from m3bench.runtime.kernels.backend import KernelBackend, use_triton
-from m3bench.runtime.kernels.moe import MoeActivation, MoeScales, fused_moe
+from m3bench.runtime.kernels.moe import MoeActivation, MoeScales, SharedExpert, fused_moe
 from m3bench.runtime.kernels.router import router_topk, router_topk_supported
 from m3bench.runtime.layers.activation import split_gate_up
 from m3bench.runtime.layers.linear import WeightSlot
@@ -78,6 +78,7 @@ class SparseMoe(nn.Module):
         self.m, self.act, self.alpha, self.limit, self.tp = m, act, alpha, limit, tp
         self.kernel_backend = KernelBackend.AUTO  # AUTO: fused Triton MoE on CUDA, torch elsewhere
         self.fuse_router = True  # the router epilogue follows kernel_backend (off: always torch)
+        self.fuse_shared = True  # the shared expert inside the fused MoE's launches (plain weights; off: its own GEMMs)
         inter = m.intermediate_size  # routed experts are whole on their rank (expert parallelism)
         self.first_expert, local = tp.expert_range(m.num_experts)
         rdt = compute_dtype(dtype)
@@ -93,10 +94,26 @@ class SparseMoe(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w, ids = route(x, self.router_weight, self.router_bias, self.m.top_k, self.m.routed_scaling_factor,
                        self.kernel_backend if self.fuse_router else KernelBackend.TORCH)
-        y = self.experts(x, w, ids - self.first_expert if self.first_expert else ids)  # local expert ids
-        if self.shared is not None:
-            y = y + self.shared(x).to(y.dtype)
+        ids = ids - self.first_expert if self.first_expert else ids  # local expert ids
+        if self.shared_fusable(x):
+            y = self.fused_experts(x, w, ids, self.shared_expert())
+        else:
+            y = self.experts(x, w, ids)
+            if self.shared is not None:
+                y = y + self.shared(x).to(y.dtype)
         return self.tp.all_reduce(y).to(x.dtype)
+
+    def shared_fusable(self, x: torch.Tensor) -> bool:
+        """The shared expert runs inside the fused MoE: switched on, Triton, plain routed and shared weights."""
+        s = self.shared
+        return (self.fuse_shared and s is not None and x.dtype != torch.float64 and use_triton(self.kernel_backend, x)
+                and self.w_down_scale is None and s.gate_up.weight_scale is None and s.down.weight_scale is None
+                and s.gate_up.bias is None and s.down.bias is None)
+
+    def shared_expert(self) -> SharedExpert:
+        """Views of the shared expert's (this rank's slice of the) weights as the fused MoE takes them."""
+        gu, inter = self.shared.gate_up.weight, self.shared.gate_up.local_sizes[0]
+        return SharedExpert(gu[:inter], gu[inter:], self.shared.down.weight)
 
     def experts(self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Routed experts' weighted sum [T, H], accumulated in fp32 (fp64 for fp64 models)."""
@@ -104,12 +121,13 @@ class SparseMoe(nn.Module):
             return self.fused_experts(x, w, ids)
         return self.torch_experts(x, w, ids)
 
-    def fused_experts(self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """The fused Triton MoE (fp32 accumulation inside; result in x's dtype)."""
+    def fused_experts(self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor,
+                      shared: SharedExpert | None = None) -> torch.Tensor:
+        """The fused Triton MoE (fp32 accumulation inside; result in x's dtype), the shared expert in it when given."""
         inter = self.w_gate_up.shape[1] // 2
         return fused_moe(x.contiguous(), self.w_gate_up[:, :inter], self.w_gate_up[:, inter:], self.w_down,
                          ids, w, MoeActivation(self.act.value), self.alpha, self.limit,
-                         backend=KernelBackend.TRITON, scales=self.expert_scales())
+                         backend=KernelBackend.TRITON, scales=self.expert_scales(), shared=shared)
 
     def expert_scales(self) -> MoeScales | None:
         """The experts' block scales as the fused MoE takes them (None: plain weights)."""

@@ -91,3 +91,31 @@ def test_fused_moe_skips_other_ranks_experts():
     got = moe.fused_experts(x, w, ids).double()
     assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
     assert torch.allclose(got[3], torch.zeros_like(got[3]))  # no local expert at all
+
+
+@pytest.mark.parametrize("n_tok", [2, 7])  # 2: the split-K skinny path
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+def test_shared_expert_inside_the_fused_moe(n_tok, dtype, tol, monkeypatch):
+    from m3bench.runtime.layers.mlp import GatedMLP
+
+    cfg = tiny_config(hidden_size=256)  # wide enough for the skinny path to split the reduction
+    moe: SparseMoe = M3ForCausalLM(cfg, dtype=dtype).layers[1].mlp
+    g = torch.Generator().manual_seed(12)
+    for p in (moe.w_gate_up, moe.w_down, moe.router_weight, moe.shared.gate_up.weight, moe.shared.down.weight):
+        p.copy_(torch.randn(p.shape, generator=g) * p.shape[-1] ** -0.5)
+    x = torch.randn(n_tok, cfg.hidden_size, generator=g).to(dtype)
+    moe.kernel_backend = KernelBackend.TRITON
+    moe.fuse_shared = False
+    apart = moe(x).double()
+    calls = []
+    real = GatedMLP.forward
+    monkeypatch.setattr(GatedMLP, "forward", lambda self, h: calls.append(1) or real(self, h))
+    moe.fuse_shared = True
+    assert moe.shared_fusable(x)
+    fused = moe(x).double()
+    assert calls == [], "the shared expert ran its own GEMMs"
+    moe.kernel_backend = KernelBackend.TORCH
+    want = moe(x).double()
+    assert calls == [1]
+    assert torch.allclose(fused, want, atol=tol, rtol=tol), (fused - want).abs().max()
+    assert torch.allclose(apart, want, atol=tol, rtol=tol), (apart - want).abs().max()
