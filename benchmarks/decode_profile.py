@@ -23,7 +23,7 @@ class KernelRow:
 @dataclass(frozen=True)
 class PartProfile:
     part: str  # "dense layer", "MSA+MoE layer (realistic)", "head"
-    variant: str  # "fused" (this fast path) or "unfused" (the fast path before the fused ops)
+    variant: str  # the decode_setup.OpsSet value it ran with ("unfused", "fused-v1", "fused")
     batch: int
     context: int
     kernels: tuple[KernelRow, ...]

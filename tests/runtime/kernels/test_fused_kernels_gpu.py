@@ -123,3 +123,24 @@ def test_nvfp4_index_selection_at_rank_shapes(dtype):
         assert torch.equal(got[:n, :, 0], want[:n, :, 0])
         same = [len(set(a.tolist()) & set(b.tolist())) / 16 for a, b in zip(got[:n, 0], want[:n, 0])]
         assert min(same) >= 0.8, same
+
+
+@pytest.mark.parametrize("n_tok", [1, 4, 64])  # 1, 4: the split-K skinny path
+def test_moe_with_shared_expert_at_rank_shapes(n_tok):
+    # One TP8/EP8 rank: 16 local experts of 3072 (ids over 128: most picks remote), shared 3072/8 = 384.
+    from m3bench.runtime.kernels.moe import SharedExpert, fused_moe, fused_moe_reference
+    from m3bench.runtime.kernels.reference import MoeActivation
+
+    g = torch.Generator().manual_seed(n_tok + 5)
+    rnd = lambda *s, scale: (torch.randn(*s, generator=g) * scale).bfloat16().cuda()  # noqa: E731
+    x = rnd(n_tok, 6144, scale=1.0)
+    wg, wu, wd = rnd(16, 3072, 6144, scale=6144 ** -0.5), rnd(16, 3072, 6144, scale=6144 ** -0.5), rnd(16, 6144, 3072, scale=3072 ** -0.5)
+    shared = SharedExpert(rnd(384, 6144, scale=6144 ** -0.5), rnd(384, 6144, scale=6144 ** -0.5), rnd(6144, 384, scale=384 ** -0.5))
+    ids = torch.randint(0, 32, (n_tok, 4), generator=g).cuda()  # 16..31: other ranks' (16: the shared slot's id)
+    ids[0, 0] = 3
+    w = (torch.rand(n_tok, 4, generator=g) + 0.1).cuda()
+    out = torch.full_like(x, float("nan"))
+    fused_moe(x, wg, wu, wd, ids, w, MoeActivation.SWIGLUOAI, out=out, backend=KernelBackend.TRITON, shared=shared)
+    want = fused_moe_reference(x.float(), wg, wu, wd, ids, w, MoeActivation.SWIGLUOAI, 1.702, 7.0, shared=shared)
+    err = ((out.float() - want).norm() / want.norm()).item()
+    assert err < 1e-2, err
