@@ -357,6 +357,7 @@ def parse_args(argv: list[str] | None):
     ap.add_argument("--batches", type=int, nargs="+", default=None, help="batch sizes (default 1 4 16 64)")
     ap.add_argument("--contexts", type=int, nargs="+", default=None, help="contexts (default 1024 8192)")
     ap.add_argument("--profile", action="store_true", help="kernels per layer (torch profiler), then exit")
+    ap.add_argument("--full-layers", type=int, default=None, help="--profile: layers of the step it sums to (60)")
     ap.add_argument("--unfused", action="store_true", help="same as --ops-sets unfused (the fast path before any fusion)")
     ap.add_argument("--ops-sets", nargs="+", choices=[o.value for o in OpsSet], default=None,
                     help="fused-op sets to time side by side on one model (default: fused; --profile: all)")
@@ -370,7 +371,7 @@ def parse_args(argv: list[str] | None):
 
 def run_profile(plan: Plan, dev: torch.device, args, res: dict) -> None:
     """--profile: kernels per layer at batch 1 and 64 (CPU: the smoke plan's batches), one context."""
-    from decode_profile import profile_lines, profile_rank
+    from decode_profile import profile_lines, profile_rank, profile_summary
 
     model, kv = build_rank(plan, dev)
     batches = tuple(args.batches or ((1, 2) if args.cpu_smoke else (1, 64)))
@@ -382,6 +383,8 @@ def run_profile(plan: Plan, dev: torch.device, args, res: dict) -> None:
         parts += profile_rank(model, kv, plan.shapes, batches, ctx, dev, 2 if args.cpu_smoke else 10, ops)
     res["profile"] = [asdict(p) for p in parts]
     print("\n".join(profile_lines(parts, timed=dev.type == "cuda")), flush=True)
+    full = (TINY_RANK if args.cpu_smoke else RANK)
+    print("\n".join(profile_summary(parts, args.full_layers or 60, full.dense_layers)), flush=True)
 
 
 def run_checks(plan: Plan, dev: torch.device, tiny: bool, res: dict) -> bool:
