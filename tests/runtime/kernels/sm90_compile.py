@@ -31,7 +31,7 @@ from m3bench.runtime.kernels import kv_quant as kq
 from m3bench.runtime.kernels.attention import paged_attention
 from m3bench.runtime.kernels.backend import KernelBackend
 from m3bench.runtime.kernels.kv_write import write_pages
-from m3bench.runtime.kernels.moe import MoeScales, MoeTiles, fused_moe
+from m3bench.runtime.kernels.moe import MoeScales, MoeTiles, SharedExpert, fused_moe
 from m3bench.runtime.kernels.mxfp8 import mxfp8_linear
 from m3bench.runtime.kernels.msa_index import msa_select_blocks
 from m3bench.runtime.kernels.add_norm import add_rms_norm_fused
@@ -106,6 +106,9 @@ def record_all(q_lens):
         wd = torch.empty(16, 6144, 3072, dtype=torch.bfloat16)
         ids = torch.randint(0, 16, (n_tok, 4), dtype=torch.int32)
         fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T)
+        ws = torch.empty(384, 6144, dtype=torch.bfloat16)  # the shared expert inside (split-K at batch 1)
+        fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T,
+                  shared=SharedExpert(ws, ws, torch.empty(6144, 384, dtype=torch.bfloat16)))
     fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T, tiles=MoeTiles(64, 128, 64, 8, 3))
     record_mxfp8(T)
     record_fused(caches, x[:, 0])
