@@ -2,7 +2,9 @@
 
 Formats (constexpr FMT): 0 plain (bf16/fp16/fp32), 1 fp8 e4m3 (passed as a uint8 view),
 2 NVFP4 (uint8 data, two E2M1 codes a byte low nibble first; uint8 view of e4m3 scales,
-one per 16 elements; fp32 global scale read from a 1-element tensor).
+one per 16 elements; fp32 global scale read from a 1-element tensor). Quantized tiles decode into
+fp16 (exactly) and the dots run on fp16 operands (dot_operand), so the tensor cores take them with
+no fp32 round trip; NVFP4's global scale multiplies the dot products (kv_tile_factor).
 Only Triton 3.0-era language features (no gather, no warp specialization).
 """
 
@@ -33,35 +35,57 @@ def e2m1_to_f32(code):
 
 
 @triton.jit
-def load_kv_tile(data_ptr, scale_ptr, gscale, row_off, sc_row_off, mask,
+def load_kv_tile(data_ptr, scale_ptr, row_off, sc_row_off, mask,
                  FMT: tl.constexpr, TILE: tl.constexpr, D: tl.constexpr):
     """Tile [TILE, D] of the rows starting at row_off (elements of data), masked rows read 0:
-    fp32 for FP8 / NVFP4, the cache's own dtype for plain caches (mma converts as needed).
+    fp16 for FP8 / NVFP4 (exact: see below), the cache's own dtype for plain caches (mma converts).
 
     row_off / sc_row_off: [TILE] int64 offsets of each token's row in data / scales (NVFP4);
-    mask: [TILE] rows to read. NVFP4 loads D/2 contiguous bytes and D/16 scales per row and
-    widens them in registers (join + reshape), so both loads stay vectorized; the nibbles decode
-    through the fp8 conversion (e2m1_as_e4m3), the factor 64 folded into the scales.
+    mask: [TILE] rows to read. FP8 e4m3 converts to fp16 exactly (one cvt per two elements).
+    NVFP4 loads D/2 contiguous bytes and D/16 scales per row and widens them in registers (join +
+    reshape), so both loads stay vectorized; the nibbles decode through the fp8 conversion
+    (e2m1_as_e4m3: values / 64) and times their e4m3 block scale in fp16, exact (<= 6 significant
+    bits, magnitudes 2^-16 .. 42); the global scale and the 64 are NOT applied: the caller multiplies
+    its dot products by kv_tile_factor.
     """
     m2 = mask[:, None]
     if FMT == 2:
         half = tl.arange(0, D // 2)
         byte = tl.load(data_ptr + row_off[:, None] + half[None, :], mask=m2, other=0).to(tl.int32)
-        lo = e2m1_as_e4m3(byte).to(tl.float8e4nv, bitcast=True).to(tl.float32)
-        hi = e2m1_as_e4m3(byte >> 4).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        lo = e2m1_as_e4m3(byte).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+        hi = e2m1_as_e4m3(byte >> 4).to(tl.float8e4nv, bitcast=True).to(tl.float16)
         vals = tl.reshape(tl.join(lo, hi), (TILE, D))  # element values / 64
         groups = tl.arange(0, D // 16)
         sc = tl.load(scale_ptr + sc_row_off[:, None] + groups[None, :], mask=m2, other=0)
-        step = sc.to(tl.float8e4nv, bitcast=True).to(tl.float32) * (gscale * 64.0)  # the / 64 undone
+        step = sc.to(tl.float8e4nv, bitcast=True).to(tl.float16)
         step = tl.reshape(tl.broadcast_to(step[:, :, None], (TILE, D // 16, 16)), (TILE, D))
         return vals * step
     elif FMT == 1:
         cols = tl.arange(0, D)
         raw = tl.load(data_ptr + row_off[:, None] + cols[None, :], mask=m2, other=0)
-        return raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        return raw.to(tl.float8e4nv, bitcast=True).to(tl.float16)
     else:
         cols = tl.arange(0, D)
         return tl.load(data_ptr + row_off[:, None] + cols[None, :], mask=m2, other=0.0)
+
+
+@triton.jit
+def kv_tile_factor(gscale_ptr, FMT: tl.constexpr):
+    """What load_kv_tile's values still need: NVFP4's global scale times the 64 of e2m1_as_e4m3."""
+    if FMT == 2:
+        return tl.load(gscale_ptr) * 64.0
+    else:
+        return 1.0
+
+
+@triton.jit
+def dot_operand(x, FMT: tl.constexpr, F32: tl.constexpr):
+    """The query side of a dot with load_kv_tile's tiles: fp16 against FP8 / NVFP4 tiles (their exact
+    dtype: normed queries sit far inside fp16's range, with 3 more mantissa bits than bf16), else x."""
+    if FMT != 0 and not F32:
+        return x.to(tl.float16)
+    else:
+        return x
 
 
 @triton.jit
