@@ -300,6 +300,7 @@ def table(res: dict) -> str:
         lines.insert(0, f"check engine + CUDA graphs: {e['identical']}/{e['total']} greedy sequences identical")
     for r in res["m3"]:
         lines.append(_table_row(r))
+    lines += ops_comparison(res["m3"], res["layers"])
     if res["m3"]:
         lines.append(f"picks = local expert picks per token (of {sh['top_k']}), exp/L = distinct local experts read "
                      f"per MoE layer; vLLM anchor (8 x H200, TP8, conc. 4, all-reduces included): "
@@ -323,6 +324,26 @@ def table(res: dict) -> str:
     for name, err in res.get("errors", {}).items():
         lines.append(f"{name} FAILED: {err[:200]}")
     return "\n".join(lines)
+
+
+def ops_comparison(rows: list[dict], layers: int) -> list[str]:
+    """Before / after per (batch, context, routing) when several ops sets ran: step ms of each set,
+    the last set's us per layer and share of the floor, and its speed-up over the first set."""
+    sets = list(dict.fromkeys(r["ops"] for r in rows if "error" not in r))
+    if len(sets) < 2:
+        return []
+    by = {(r["batch"], r["context"], r["routing"], r["ops"]): r for r in rows if "error" not in r}
+    out = [f"{'batch':>5} {'ctx':>6} {'routing':>9} " + " ".join(f"{o + ' ms':>12}" for o in sets)
+           + f" {'us/layer':>8} {'of floor':>8} {'speed-up':>8}"]
+    for b, c, rt in dict.fromkeys((r["batch"], r["context"], r["routing"]) for r in rows):
+        got = [by.get((b, c, rt, o)) for o in sets]
+        if any(g is None for g in got):
+            continue
+        last = got[-1]
+        out.append(f"{b:>5} {c:>6} {rt:>9} " + " ".join(f"{g['step_ms']:>12.3f}" for g in got)
+                   + f" {last['step_ms'] / layers * 1e3:>8.1f} {last['achieved_over_floor']:>8.1%}"
+                   + f" {got[0]['step_ms'] / last['step_ms']:>7.2f}x")
+    return out
 
 
 def _table_row(r: dict) -> str:
