@@ -301,7 +301,7 @@ def _launch_gate_up(x, wg, wu, inter, sorted_ids, block_expert, n_post, top_k, a
     split = tiles.split_k if shared is not None and scales is None else 1
     part = x.new_empty((split, n_all, 2 * n_inter), dtype=torch.float32) if split > 1 else inter
     ws = shared or SharedExpert(wg, wu, wg)  # dummies without a shared expert
-    grid = (block_expert.shape[0], math.ceil(n_inter / tiles.block_n), split)
+    grid = (block_expert.shape[0], gate_up_programs(n_inter, shared.inter if shared else 0, split, tiles))
     moe_gate_up_kernel[grid](
         x, wg, wu, inter, sorted_ids, block_expert, n_post, n_all, alpha, limit,
         x.stride(0), wg.stride(0), wg.stride(1), wu.stride(0), wu.stride(1), inter.stride(0),
@@ -317,6 +317,15 @@ def _launch_gate_up(x, wg, wu, inter, sorted_ids, block_expert, n_post, top_k, a
     if split > 1:
         _launch_act(part, inter, sorted_ids, block_expert, n_post, n_all, act, alpha, limit, tiles, wg.shape[0],
                     shared.inter)
+
+
+def gate_up_programs(n_inter: int, n_shared_inter: int, split: int, tiles: MoeTiles) -> int:
+    """Programs per M-block of the gate+up kernel: its N tiles, times the K chunks when split (routed
+    and shared experts differ in both: the larger product)."""
+    if split == 1:
+        return math.ceil(n_inter / tiles.block_n)
+    return max(math.ceil(n_inter / tiles.block_n) * tiles.split_k_routed,
+               math.ceil(n_shared_inter / tiles.block_n) * split)
 
 
 def _launch_act(part, inter, sorted_ids, block_expert, n_post, n_all, act, alpha, limit, tiles, n_exp, i_shared):

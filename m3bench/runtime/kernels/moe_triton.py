@@ -4,8 +4,8 @@ activation fused, down GEMM with the routing weight fused, and a top-k reduction
 Pairs p = t * TOPK + k (token t, its k-th expert). With SHARED the shared expert is one more
 expert (local id E_R, weight 1) that every token picks: its pairs are n_routed + t, its weights
 their own tensors ([I_S, H] gate / up, [H, I_S] down, plain only). SPLIT > 1 (skinny batches) splits
-the gate+up reduction over grid dim 2 (SPLIT programs for the shared expert, SPLIT_R for routed
-ones), writes fp32 partials by pair and `moe_act_kernel` sums them and applies the activation. Expert weights [E, I, H] (gate, up) and
+the gate+up reduction into K chunks (SPLIT for the shared expert, SPLIT_R for routed ones: grid dim 1
+enumerates N tiles x chunks), writes fp32 partials by pair and `moe_act_kernel` sums them and applies the activation. Expert weights [E, I, H] (gate, up) and
 [E, H, I] (down), contiguous along the reduction dim. FMT 1 (MXFP8): float8_e4m3fn weights and E8M0
 scales [E, I, H/32] / [E, H, I/32]; FMT 2 (NVFP4): packed uint8 [E, I, H/2] / [E, H, I/2], e4m3 scales
 per 16 inputs and an fp32 global scale per row [E, I] / [E, H]; both dequantized in registers. Grids are static upper bounds; programs
@@ -90,7 +90,8 @@ def moe_gate_up_kernel(
     SHARED: tl.constexpr, E_R: tl.constexpr, I_S: tl.constexpr, SPLIT: tl.constexpr, SPLIT_R: tl.constexpr,
 ):
     """inter[slot, n] = act(x[tok] . wg[e, n], x[tok] . wu[e, n]) for the block's slots (SPLIT > 1:
-    the fp32 partials of K-chunk program_id(2) into part[chunk, pair])."""
+    the fp32 partials of one K chunk into part[chunk, pair]; SPLIT chunks for the shared expert,
+    SPLIT_R for a routed one, the grid's dim 1 spanning N tiles x chunks of the larger of the two)."""
     pid_m = tl.program_id(0)
     if pid_m * BLOCK_M >= tl.load(n_post_ptr):
         return
@@ -102,18 +103,18 @@ def moe_gate_up_kernel(
     else:
         tok = (pair // TOPK).to(tl.int64)
         wg_base, s_gn_e, wu_base, s_un_e, n_lim = wg_ptr + e * s_ge, s_gn, wu_ptr + e * s_ue, s_un, I
-    if tl.program_id(1) * BLOCK_N >= n_lim:
-        return
-    if SPLIT > 1:
+    if SPLIT > 1:  # program_id(1) = N tile * n_split + K chunk (the grid covers the larger product)
         n_split = tl.where(e == E_R, SPLIT, SPLIT_R)
-        if tl.program_id(2) >= n_split:
-            return
+        pid_n = tl.program_id(1) // n_split
+        pid_k = tl.program_id(1) % n_split
         k_per = tl.cdiv(tl.cdiv(H, n_split), BLOCK_K) * BLOCK_K
-        k_lo = tl.program_id(2) * k_per
+        k_lo = pid_k * k_per
         k_hi = tl.minimum(k_lo + k_per, H)
     else:
-        k_lo, k_hi = 0, H
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        pid_n, pid_k, k_lo, k_hi = tl.program_id(1), 0, 0, H
+    if pid_n * BLOCK_N >= n_lim:
+        return
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < n_lim
     acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
@@ -140,7 +141,7 @@ def moe_gate_up_kernel(
             acc_g += mma(a, tl.trans(wg), F32)
             acc_u += mma(a, tl.trans(wu), F32)
     if SPLIT > 1:
-        part = part_ptr + tl.program_id(2) * s_pk + pair[:, None].to(tl.int64) * s_pp + n[None, :]
+        part = part_ptr + pid_k * s_pk + pair[:, None].to(tl.int64) * s_pp + n[None, :]
         tl.store(part, acc_g, mask=row_ok[:, None] & n_ok[None, :])
         tl.store(part + I, acc_u, mask=row_ok[:, None] & n_ok[None, :])
     else:

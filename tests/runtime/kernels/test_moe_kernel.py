@@ -152,6 +152,9 @@ def test_skinny_tiles_fill_the_gpu_with_the_shared_expert_alone():
     assert -(-384 // t.block_n) * t.split_k >= MIN_PROGRAMS
     assert -(-3072 // t.block_n) * t.split_k_routed >= MIN_PROGRAMS
     assert moe_tiles(256, 16, 3072, 6144, shared_inter=384, n_tok=64).split_k == 1
+    from m3bench.runtime.kernels.moe import gate_up_programs  # N tiles x chunks, no idle chunk slots
+
+    assert gate_up_programs(3072, 384, t.split_k, t) == max(96 * t.split_k_routed, 12 * t.split_k) <= 512
 
 
 def test_shared_align_with_torch_align(monkeypatch):
