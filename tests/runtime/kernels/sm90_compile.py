@@ -35,7 +35,7 @@ from m3bench.runtime.kernels.moe import MoeScales, MoeTiles, SharedExpert, fused
 from m3bench.runtime.kernels.mxfp8 import mxfp8_linear
 from m3bench.runtime.kernels.msa_index import msa_select_blocks
 from m3bench.runtime.kernels.add_norm import add_rms_norm_fused
-from m3bench.runtime.kernels.norm_rope import Branch, norm_rope_write
+from m3bench.runtime.kernels.norm_rope import Branch, BranchWrite, norm_rope_write, norm_rope_write_pair
 from m3bench.runtime.kernels.router import router_topk
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.uint8: "u8",
@@ -147,6 +147,8 @@ def record_fused(caches, x3):
     for cache, ik in zip(caches.values(), index_caches):
         norm_rope_write(y, Branch(0, 8 * d, 9 * d, 8, 1, 1, d), w, w, 1e-6, True, cos, sin, slots, cache, cache)
         norm_rope_write(y, Branch(10 * d, 14 * d, 0, 4, 1, 0, d), w, w, 1e-6, True, cos, sin, slots, ik)
+        norm_rope_write_pair(y, BranchWrite(Branch(0, 8 * d, 9 * d, 8, 1, 1, d), w, w, cache, cache),
+                             BranchWrite(Branch(10 * d, 14 * d, 0, 4, 1, 0, d), w, w, ik), 1e-6, True, cos, sin, slots)
 
 
 def main() -> int:
