@@ -9,6 +9,7 @@ MXFP8 experts: float8_e4m3fn weights plus `scales=MoeScales(gate, up, down)` (ui
 inputs: [E, I, H/32], [E, I, H/32], [E, H, I/32]). NVFP4 experts: packed uint8 weights [E, I, H/2] /
 [E, H, I/2] plus `MoeScales(gate, up, down, gate_global, up_global, down_global)` (e4m3 per 16 inputs,
 fp32 global per row [E, I] / [E, H]). The kernels dequantize either in registers.
+`alignment=MoeAlignment(...)` (with `tiles`) skips the alignment launch: the router's kernel made it.
 `shared=SharedExpert(w_gate [I_s, H], w_up [I_s, H], w_down [H, I_s])` (plain weights, the routed
 experts plain too) adds the shared expert as one more expert every token picks with weight 1, in the
 same launches; batches of at most SKINNY_TOKENS tokens then split the gate+up reduction (split-K,
@@ -162,6 +163,7 @@ def fused_moe(
     tiles: MoeTiles | None = None,
     scales: MoeScales | None = None,
     shared: SharedExpert | None = None,
+    alignment: MoeAlignment | None = None,
 ) -> torch.Tensor:
     """sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t]) (+ shared(x[t])) -> [T, H]."""
     if not use_triton(backend, x):
@@ -175,7 +177,10 @@ def fused_moe(
     tiles = tiles or moe_tiles(n_tok * top_k, n_exp, w_gate.shape[1], x.shape[1],
                                shared.inter if shared else 0, n_tok)
     ids = topk_ids.reshape(-1).contiguous()
-    sorted_ids, block_expert, n_post = moe_align(ids, n_exp, tiles.block_m, n_shared)
+    if alignment is None:
+        sorted_ids, block_expert, n_post = moe_align(ids, n_exp, tiles.block_m, n_shared)
+    else:  # aligned by the router's kernel for these tiles
+        sorted_ids, block_expert, n_post = alignment.sorted_ids, alignment.block_expert, alignment.n_post
     inter = x.new_empty((sorted_ids.shape[0], w_gate.shape[1]))
     _launch_gate_up(x, w_gate, w_up, inter, sorted_ids, block_expert, n_post, top_k, activation,
                     alpha, limit, tiles, scales, shared)
@@ -212,6 +217,20 @@ def _check_shared(shared: SharedExpert | None, scales: MoeScales | None, w_gate:
                          f"do not match hidden {x.shape[1]}")
 
 
+@dataclass(frozen=True)
+class MoeAlignment:
+    """moe_align's result, when another kernel produced it (kernels.router.router_topk_align)."""
+
+    sorted_ids: torch.Tensor  # [S] pair ids padded per expert (n_pairs + n_shared marks padding)
+    block_expert: torch.Tensor  # [S / BLOCK_M] expert of each M-block
+    n_post: torch.Tensor  # [1] padded count
+
+
+def align_slots(n_pairs: int, n_experts: int, block_m: int, n_shared: int = 0) -> int:
+    """S, the static slot count of an alignment (whole BLOCK_M blocks)."""
+    return math.ceil(max_padded_pairs(n_pairs, n_experts, block_m, n_shared) / block_m) * block_m
+
+
 def max_padded_pairs(n_pairs: int, n_experts: int, block_m: int, n_shared: int = 0) -> int:
     """Static bound of the padded pair count: each active expert (the shared one too) pads less than BLOCK_M."""
     return n_pairs + n_shared + (min(n_experts, n_pairs) + (n_shared > 0)) * (block_m - 1)
@@ -225,7 +244,7 @@ def moe_align(ids: torch.Tensor, n_experts: int, block_m: int, n_shared: int = 0
     M-block [S / BLOCK_M], padded count [1]); S is a static bound, slots past the count are unused.
     n_shared > 0: expert n_experts is the shared one, its pairs n_pairs .. n_pairs + n_shared - 1."""
     n_pairs = ids.numel()
-    n_slots = math.ceil(max_padded_pairs(n_pairs, n_experts, block_m, n_shared) / block_m) * block_m
+    n_slots = align_slots(n_pairs, n_experts, block_m, n_shared)
     if n_pairs + n_shared > MAX_KERNEL_ALIGN_PAIRS:
         if n_shared:
             local = torch.where((ids >= 0) & (ids < n_experts), ids, -1)

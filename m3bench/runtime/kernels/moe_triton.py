@@ -31,19 +31,28 @@ def moe_align_kernel(
     if SHARED:
         ids = tl.where((ids >= 0) & (ids < E - 1), ids, -1)  # other ranks' ids never hit the shared slot
         ids = tl.where((offs >= n_pairs) & (offs < n_pairs + n_shared), E - 1, ids)
+    start = align_pairs(ids, offs, n_pairs + n_shared, tl.program_id(0) * 0, sorted_ptr, block_expert_ptr, E, BLOCK_M)
+    tl.store(n_post_ptr, start)
+
+
+@triton.jit
+def align_pairs(ids, pairs, marker, start, sorted_ptr, block_expert_ptr, E: tl.constexpr, BLOCK_M: tl.constexpr,
+                E_BASE: tl.constexpr = 0):
+    """Experts 0..E-1 in order from slot `start` (an int32 tensor): the pairs (1D, ascending) whose
+    id is e, padded with `marker` to whole BLOCK_M blocks, each block's expert (e + E_BASE) recorded;
+    returns the slot after the last block."""
     pad = tl.arange(0, BLOCK_M)
-    start = tl.program_id(0) * 0  # an int32 tensor (n_pairs may be a constexpr 1)
     for e in range(E):
         hit = (ids == e).to(tl.int32)
         cnt = tl.sum(hit, axis=0)
         rank = tl.cumsum(hit, axis=0) - 1
-        tl.store(sorted_ptr + start + rank, offs, mask=hit > 0)
+        tl.store(sorted_ptr + start + rank, pairs, mask=hit > 0)
         n_blk = tl.cdiv(cnt, BLOCK_M)
-        tl.store(sorted_ptr + start + cnt + pad, n_pairs + n_shared + pad * 0, mask=pad < n_blk * BLOCK_M - cnt)
+        tl.store(sorted_ptr + start + cnt + pad, marker + pad * 0, mask=pad < n_blk * BLOCK_M - cnt)
         for i in range(n_blk):
-            tl.store(block_expert_ptr + start // BLOCK_M + i, e)
+            tl.store(block_expert_ptr + start // BLOCK_M + i, e + E_BASE)
         start += n_blk * BLOCK_M
-    tl.store(n_post_ptr, start)
+    return start
 
 
 @triton.jit

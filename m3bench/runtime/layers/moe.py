@@ -29,8 +29,8 @@ from torch import nn
 from m3bench.runtime import quant
 from m3bench.runtime.config import Activation, MoeConfig
 from m3bench.runtime.kernels.backend import KernelBackend, use_triton
-from m3bench.runtime.kernels.moe import MoeActivation, MoeScales, SharedExpert, fused_moe
-from m3bench.runtime.kernels.router import router_topk, router_topk_supported
+from m3bench.runtime.kernels.moe import MoeActivation, MoeAlignment, MoeScales, MoeTiles, SharedExpert, fused_moe, moe_tiles
+from m3bench.runtime.kernels.router import router_align_supported, router_topk, router_topk_align, router_topk_supported
 from m3bench.runtime.layers.activation import split_gate_up
 from m3bench.runtime.layers.linear import WeightSlot
 from m3bench.runtime.layers.mlp import GatedMLP
@@ -79,6 +79,7 @@ class SparseMoe(nn.Module):
         self.kernel_backend = KernelBackend.AUTO  # AUTO: fused Triton MoE on CUDA, torch elsewhere
         self.fuse_router = True  # the router epilogue follows kernel_backend (off: always torch)
         self.fuse_shared = True  # the shared expert inside the fused MoE's launches (plain weights; off: its own GEMMs)
+        self.fuse_align = True  # <= 16 tokens: the router epilogue also aligns the picks for the fused MoE (one launch)
         inter = m.intermediate_size  # routed experts are whole on their rank (expert parallelism)
         self.first_expert, local = tp.expert_range(m.num_experts)
         rdt = compute_dtype(dtype)
@@ -92,6 +93,8 @@ class SparseMoe(nn.Module):
                                 reduce=False) if m.shared_intermediate_size else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.align_fusable(x):
+            return self.tp.all_reduce(self.routed_and_aligned(x)).to(x.dtype)
         w, ids = route(x, self.router_weight, self.router_bias, self.m.top_k, self.m.routed_scaling_factor,
                        self.kernel_backend if self.fuse_router else KernelBackend.TORCH)
         ids = ids - self.first_expert if self.first_expert else ids  # local expert ids
@@ -102,6 +105,30 @@ class SparseMoe(nn.Module):
             if self.shared is not None:
                 y = y + self.shared(x).to(y.dtype)
         return self.tp.all_reduce(y).to(x.dtype)
+
+    def align_fusable(self, x: torch.Tensor) -> bool:
+        """The router's kernel aligns the picks too: switched on with the fused router, the fused MoE, few tokens."""
+        return (self.fuse_align and self.fuse_router and x.dtype != torch.float64 and use_triton(self.kernel_backend, x)
+                and self.router_weight.dtype == torch.float32
+                and router_align_supported(x.shape[0], self.m.num_experts, self.m.top_k))
+
+    def routed_and_aligned(self, x: torch.Tensor) -> torch.Tensor:
+        """route + fused experts (+ the shared expert when fusable) with the alignment made by the router's kernel."""
+        shared = self.shared_expert() if self.shared_fusable(x) else None
+        tiles = self.expert_tiles(x, shared)
+        logits = F.linear(x.to(self.router_weight.dtype), self.router_weight)
+        w, ids, alignment = router_topk_align(logits, self.router_bias, self.m.top_k, self.m.routed_scaling_factor,
+                                              self.first_expert, self.w_down.shape[0], tiles.block_m, shared is not None)
+        y = self.fused_experts(x, w, ids, shared, alignment, tiles)
+        if shared is None and self.shared is not None:
+            y = y + self.shared(x).to(y.dtype)
+        return y
+
+    def expert_tiles(self, x: torch.Tensor, shared: SharedExpert | None) -> MoeTiles:
+        """The fused MoE's tiles for x [T, H] (what fused_moe would pick)."""
+        n_tok, inter = x.shape[0], self.w_gate_up.shape[1] // 2
+        return moe_tiles(n_tok * self.m.top_k, self.w_down.shape[0], inter, x.shape[1], shared.inter if shared else 0,
+                         n_tok)
 
     def shared_fusable(self, x: torch.Tensor) -> bool:
         """The shared expert runs inside the fused MoE: switched on, Triton, plain routed and shared weights."""
@@ -121,13 +148,14 @@ class SparseMoe(nn.Module):
             return self.fused_experts(x, w, ids)
         return self.torch_experts(x, w, ids)
 
-    def fused_experts(self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor,
-                      shared: SharedExpert | None = None) -> torch.Tensor:
+    def fused_experts(self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, shared: SharedExpert | None = None,
+                      alignment: MoeAlignment | None = None, tiles: MoeTiles | None = None) -> torch.Tensor:
         """The fused Triton MoE (fp32 accumulation inside; result in x's dtype), the shared expert in it when given."""
         inter = self.w_gate_up.shape[1] // 2
         return fused_moe(x.contiguous(), self.w_gate_up[:, :inter], self.w_gate_up[:, inter:], self.w_down,
                          ids, w, MoeActivation(self.act.value), self.alpha, self.limit,
-                         backend=KernelBackend.TRITON, scales=self.expert_scales(), shared=shared)
+                         backend=KernelBackend.TRITON, tiles=tiles, scales=self.expert_scales(), shared=shared,
+                         alignment=alignment)
 
     def expert_scales(self) -> MoeScales | None:
         """The experts' block scales as the fused MoE takes them (None: plain weights)."""

@@ -119,3 +119,25 @@ def test_shared_expert_inside_the_fused_moe(n_tok, dtype, tol, monkeypatch):
     assert calls == [1]
     assert torch.allclose(fused, want, atol=tol, rtol=tol), (fused - want).abs().max()
     assert torch.allclose(apart, want, atol=tol, rtol=tol), (apart - want).abs().max()
+
+
+@pytest.mark.parametrize("n_tok", [3, 20])  # 20: past router_topk_align's 16 tokens, the separate launches
+def test_router_aligns_for_the_fused_moe(n_tok, monkeypatch):
+    from m3bench.runtime.layers import moe as moe_layer
+
+    cfg = tiny_config()
+    model = M3ForCausalLM(cfg, dtype=torch.float32)
+    model.init_dummy(8)
+    moe: SparseMoe = model.layers[1].mlp
+    moe.kernel_backend = KernelBackend.TRITON
+    x = torch.randn(n_tok, cfg.hidden_size, generator=torch.Generator().manual_seed(13))
+    calls = []
+    real = moe_layer.router_topk_align
+    monkeypatch.setattr(moe_layer, "router_topk_align", lambda *a: calls.append(1) or real(*a))
+    got = moe(x)
+    assert len(calls) == (n_tok <= 16)
+    moe.fuse_align = False
+    assert torch.equal(got, moe(x)) and len(calls) == (n_tok <= 16)
+    moe.kernel_backend = KernelBackend.TORCH
+    want = moe(x)
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (got - want).abs().max()

@@ -36,7 +36,7 @@ from m3bench.runtime.kernels.mxfp8 import mxfp8_linear
 from m3bench.runtime.kernels.msa_index import msa_select_blocks
 from m3bench.runtime.kernels.add_norm import add_rms_norm_fused
 from m3bench.runtime.kernels.norm_rope import Branch, BranchWrite, norm_rope_write, norm_rope_write_pair
-from m3bench.runtime.kernels.router import router_topk
+from m3bench.runtime.kernels.router import router_topk, router_topk_align
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.uint8: "u8",
            torch.int32: "i32", torch.int64: "i64", torch.float8_e4m3fn: "fp8e4nv"}
@@ -138,6 +138,8 @@ def record_mxfp8(T):
 def record_fused(caches, x3):
     """The fused ops at the rank's shapes: router epilogue, residual add + norm, norm + RoPE + KV write."""
     router_topk(torch.randn(64, 128), torch.randn(128), 4, 2.0)
+    for n_tok in (1, 4, 16):  # the router aligning one rank's picks (16 of 128 experts, + the shared one)
+        router_topk_align(torch.randn(n_tok, 128), torch.randn(128), 4, 2.0, 16, 16, 16, True)
     h = torch.randn(64, 6144).to(torch.bfloat16)
     add_rms_norm_fused(h, h, torch.zeros(6144, dtype=torch.bfloat16), 1e-6, True)
     d, y = 128, torch.randn(4, 15 * 128).to(torch.bfloat16)
