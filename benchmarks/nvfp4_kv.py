@@ -4,7 +4,8 @@
     python benchmarks/nvfp4_kv.py                      # H200, ~1-2 min: checks, then the table
     TRITON_INTERPRET=1 python benchmarks/nvfp4_kv.py --tiny   # CPU smoke run, tiny shapes
 
-Each KV format as the runtime stores it (KVDtype.FP8 / NVFP4): K, V and the index keys in that format.
+Each KV format as the runtime stores it (KVDtype.FP8 / NVFP4): K, V and the index keys in that format;
+NVFP4 twice: the PTX decode (the default on CUDA) and Triton's fp8 conversion (`nvfp4-cvt`).
 Rows: dense paged attention (the 3 dense layers), the MSA indexer (block scores + top-k) and MSA
 attention over the 16 selected blocks (the other 57 layers); per context a decode-step estimate of
 attention alone, 3 x dense + 57 x (index + MSA attention), and its NVFP4 / FP8 ratio (issue 12's goal:
@@ -45,7 +46,10 @@ from kernels_gpu import (
     time_us,
 )
 
+from m3bench.runtime.kernels.backend import NVFP4_DECODE, Nvfp4Decode
+
 FORMATS = ("fp8", "nvfp4")
+VARIANTS = (("fp8", "fp8", None), ("nvfp4", "nvfp4", "asm"), ("nvfp4-cvt", "nvfp4", "cvt"))  # (label, pool, decode)
 DENSE_LAYERS, MSA_LAYERS = 3, 57  # MiniMax-M3's 60 layers
 GOAL_RATIO = 1.1
 
@@ -78,7 +82,7 @@ def index_bytes(fmt: str, n_req: int, ctx: int, sh: Shapes) -> int:
     return int(keys + 2 * n_req * sh.hkv * math.ceil(ctx / sh.page) * 4 + n_req * sh.hkv * sh.di * 2)
 
 
-def timings(pool: Pool, fmt: str, plan: Plan, dev, gen) -> list[Timing]:
+def timings(pool: Pool, fmt: str, label: str, plan: Plan, dev, gen) -> list[Timing]:
     sh, b, out = plan.shapes, plan.batch, []
     for ctx in plan.contexts:
         seq, q = [ctx] * b, [1] * b
@@ -88,14 +92,14 @@ def timings(pool: Pool, fmt: str, plan: Plan, dev, gen) -> list[Timing]:
             ("msa-attn", attn_bytes(fmt, b, b, ctx, sh, True),
              lambda: attn_call(pool, sh, seq, q, dev, gen, sparse=True)),
         ):
-            out.append(Timing(kernel, fmt, b, ctx, 1, time_us([make() for _ in range(n_copies(nbytes))]), nbytes))
-            print(f"  {kernel} {fmt} B{b} ctx{ctx}: {out[-1].us:.1f} us", file=sys.stderr, flush=True)
+            out.append(Timing(kernel, label, b, ctx, 1, time_us([make() for _ in range(n_copies(nbytes))]), nbytes))
+            print(f"  {kernel} {label} B{b} ctx{ctx}: {out[-1].us:.1f} us", file=sys.stderr, flush=True)
     return out
 
 
-def checks(pool: Pool, fmt: str, sh: Shapes, ctx: int, dev, gen) -> list:
+def checks(pool: Pool, label: str, sh: Shapes, ctx: int, dev, gen) -> list:
     bt = make_batch(pool, [ctx, ctx // 3 + 5], [1, 1], sh, dev, gen)
-    return [check_attention(pool, bt, sh, fmt), check_select(pool, bt, sh, fmt), check_sparse(pool, bt, sh, fmt)]
+    return [check_attention(pool, bt, sh, label), check_select(pool, bt, sh, label), check_sparse(pool, bt, sh, label)]
 
 
 def step_us(rows: list[Timing], fmt: str, ctx: int) -> float:
@@ -105,20 +109,28 @@ def step_us(rows: list[Timing], fmt: str, ctx: int) -> float:
 
 
 def table(rows: list[Timing], plan: Plan, device: str) -> str:
+    labels = [v[0] for v in VARIANTS]
     lines = [f"NVFP4 vs FP8 KV decode attention, one TP8 rank (8 q heads, 1 KV head of 128, index head 128, "
-             f"page 128, top-16), batch {plan.batch}, {device}",
-             f"{'kernel':10} {'ctx':>7} {'fp8 us':>9} {'nvfp4 us':>9} {'ratio':>6} {'fp8 %4.3':>9} {'nvfp4 %4.3':>10}"]
+             f"page 128, top-16), batch {plan.batch}, {device}; nvfp4 = the PTX decode (kv_tiles_triton."
+             f"nvfp4_to_f16_asm), nvfp4-cvt = Triton's fp8 conversion; ratio = over fp8",
+             f"{'kernel':10} {'ctx':>7} " + " ".join(f"{lb + ' us':>13}" for lb in labels)
+             + " " + " ".join(f"{lb + ' ratio':>16}" for lb in labels[1:]) + f" {'fp8 %4.3':>9}"]
     by = {(r.kernel, r.fmt, r.ctx): r for r in rows}
     for ctx in plan.contexts:
         for kernel in ("attn", "msa-index", "msa-attn"):
-            a, n = by[(kernel, "fp8", ctx)], by[(kernel, "nvfp4", ctx)]
-            lines.append(f"{kernel:10} {ctx:7d} {a.us:9.1f} {n.us:9.1f} {n.us / a.us:6.2f} {a.pct_peak:9.1f} "
-                         f"{n.pct_peak:10.1f}")
+            got = [by.get((kernel, lb, ctx)) for lb in labels]
+            if any(g is None for g in got):
+                continue
+            lines.append(f"{kernel:10} {ctx:7d} " + " ".join(f"{g.us:13.1f}" for g in got) + " "
+                         + " ".join(f"{g.us / got[0].us:16.2f}" for g in got[1:]) + f" {got[0].pct_peak:9.1f}")
     for ctx in plan.contexts:
-        f8, f4 = step_us(rows, "fp8", ctx), step_us(rows, "nvfp4", ctx)
-        verdict = "met" if f4 / f8 <= GOAL_RATIO else "NOT met"
-        lines.append(f"step attention ({DENSE_LAYERS} dense + {MSA_LAYERS} MSA layers) ctx {ctx}: fp8 {f8 / 1e3:.3f} ms, "
-                     f"nvfp4 {f4 / 1e3:.3f} ms, ratio {f4 / f8:.2f} (goal <= {GOAL_RATIO}: {verdict})")
+        f8 = step_us(rows, "fp8", ctx)
+        for lb in labels[1:]:
+            f4 = step_us(rows, lb, ctx)
+            verdict = "met" if f4 / f8 <= GOAL_RATIO else "NOT met"
+            lines.append(f"step attention ({DENSE_LAYERS} dense + {MSA_LAYERS} MSA layers) ctx {ctx}: fp8 "
+                         f"{f8 / 1e3:.3f} ms, {lb} {f4 / 1e3:.3f} ms, ratio {f4 / f8:.2f} (goal <= {GOAL_RATIO}: "
+                         f"{verdict})")
     return "\n".join(lines)
 
 
@@ -136,8 +148,12 @@ def main(argv=None) -> int:
     rows, results = [], []
     for fmt in FORMATS:
         pool = make_pool(fmt, n_pages, plan.shapes, dev, gen)
-        results += checks(pool, fmt, plan.shapes, min(plan.contexts), dev, gen)
-        rows += timings(pool, fmt, plan, dev, gen)
+        for label, _, decode in (v for v in VARIANTS if v[1] == fmt):
+            if decode is not None:
+                NVFP4_DECODE["decode"] = Nvfp4Decode(decode)
+            results += checks(pool, label, plan.shapes, min(plan.contexts), dev, gen)
+            rows += timings(pool, fmt, label, plan, dev, gen)
+        NVFP4_DECODE["decode"] = Nvfp4Decode.ASM
         del pool
     for c in results:
         print(f"check {c.name}: rel err {c.err:.2e} (tol {c.tol:.0e}) {'ok' if c.ok else 'FAILED'}")

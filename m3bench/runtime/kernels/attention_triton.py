@@ -39,7 +39,7 @@ def paged_attn_kernel(
     s_bt, s_selt, s_selh,
     HQ: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, TILE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, SPLIT: tl.constexpr,
-    TOPK: tl.constexpr, SPARSE: tl.constexpr, FMT: tl.constexpr, F32: tl.constexpr,
+    TOPK: tl.constexpr, SPARSE: tl.constexpr, FMT: tl.constexpr, F32: tl.constexpr, ASM: tl.constexpr,
 ):
     pid = tl.program_id(0)
     h = tl.program_id(1)
@@ -85,9 +85,9 @@ def paged_attn_kernel(
         page = tl.load(bt_ptr + b * s_bt + start // PAGE).to(tl.int64)
         off = (start % PAGE + toks).to(tl.int64)
         k = load_kv_tile(k_ptr, ks_ptr, page * s_kp + h * s_kh + off * s_kt,
-                         page * s_ksp + h * s_ksh + off * s_kst, kmask, FMT, TILE, D)
+                         page * s_ksp + h * s_ksh + off * s_kst, kmask, FMT, TILE, D, ASM)
         v = load_kv_tile(v_ptr, vs_ptr, page * s_vp + h * s_vh + off * s_vt,
-                         page * s_vsp + h * s_vsh + off * s_vst, kmask, FMT, TILE, D)
+                         page * s_vsp + h * s_vsh + off * s_vst, kmask, FMT, TILE, D, ASM)
         s = mma(q, tl.trans(k), F32) * s_scale
         ok = row_ok[:, None] & kmask[None, :] & (kpos[None, :] <= pos[:, None])
         m_new = tl.maximum(m_i, tl.max(tl.where(ok, s, NEG_BIG), axis=1))

@@ -29,6 +29,34 @@ def e2m1_as_e4m3(code):
 
 
 @triton.jit
+def nvfp4_to_f16_asm(byte):
+    """uint8 NVFP4 bytes -> (low-nibble, high-nibble) fp16 values / 64, as e2m1_as_e4m3 + the fp8
+    conversion, four bytes a register: the e4m3 codes of all four low (high) nibbles in 3 (4) integer
+    ops, then two cvt.rn.f16x2.e4m3x2 (sm89+: H100/H200)."""
+    return tl.inline_asm_elementwise(
+        asm="""{
+        .reg .b32 t, u;
+        .reg .b16 a, b;
+        shl.b32 t, $4, 4;
+        and.b32 t, t, 0x80808080;
+        shl.b32 u, $4, 2;
+        and.b32 u, u, 0x1C1C1C1C;
+        or.b32 t, t, u;
+        mov.b32 {a, b}, t;
+        cvt.rn.f16x2.e4m3x2 $0, a;
+        cvt.rn.f16x2.e4m3x2 $1, b;
+        shr.b32 u, $4, 2;
+        and.b32 u, u, 0x1C1C1C1C;
+        and.b32 t, $4, 0x80808080;
+        or.b32 t, t, u;
+        mov.b32 {a, b}, t;
+        cvt.rn.f16x2.e4m3x2 $2, a;
+        cvt.rn.f16x2.e4m3x2 $3, b;
+        }""",
+        constraints="=r,=r,=r,=r,r", args=[byte], dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
+
+
+@triton.jit
 def e2m1_to_f32(code):
     """E2M1 code (int32, 0..15) -> fp32 of {0, .5, 1, 1.5, 2, 3, 4, 6} with sign bit 3."""
     return e2m1_as_e4m3(code).to(tl.float8e4nv, bitcast=True).to(tl.float32) * 64.0
@@ -36,7 +64,7 @@ def e2m1_to_f32(code):
 
 @triton.jit
 def load_kv_tile(data_ptr, scale_ptr, row_off, sc_row_off, mask,
-                 FMT: tl.constexpr, TILE: tl.constexpr, D: tl.constexpr):
+                 FMT: tl.constexpr, TILE: tl.constexpr, D: tl.constexpr, ASM: tl.constexpr = False):
     """Tile [TILE, D] of the rows starting at row_off (elements of data), masked rows read 0:
     fp16 for FP8 / NVFP4 (exact: see below), the cache's own dtype for plain caches (mma converts).
 
@@ -46,14 +74,18 @@ def load_kv_tile(data_ptr, scale_ptr, row_off, sc_row_off, mask,
     reshape), so both loads stay vectorized; the nibbles decode through the fp8 conversion
     (e2m1_as_e4m3: values / 64) and times their e4m3 block scale in fp16, exact (<= 6 significant
     bits, magnitudes 2^-16 .. 42); the global scale and the 64 are NOT applied: the caller multiplies
-    its dot products by kv_tile_factor.
+    its dot products by kv_tile_factor. ASM (sm89+, not the interpreter): the same codes made four
+    bytes at a time in PTX (nvfp4_to_f16_asm), no widening to int32.
     """
     m2 = mask[:, None]
     if FMT == 2:
         half = tl.arange(0, D // 2)
-        byte = tl.load(data_ptr + row_off[:, None] + half[None, :], mask=m2, other=0).to(tl.int32)
-        lo = e2m1_as_e4m3(byte).to(tl.float8e4nv, bitcast=True).to(tl.float16)
-        hi = e2m1_as_e4m3(byte >> 4).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+        byte = tl.load(data_ptr + row_off[:, None] + half[None, :], mask=m2, other=0)
+        if ASM:
+            lo, hi = nvfp4_to_f16_asm(byte)
+        else:
+            lo = e2m1_as_e4m3(byte.to(tl.int32)).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+            hi = e2m1_as_e4m3(byte.to(tl.int32) >> 4).to(tl.float8e4nv, bitcast=True).to(tl.float16)
         vals = tl.reshape(tl.join(lo, hi), (TILE, D))  # element values / 64
         groups = tl.arange(0, D // 16)
         sc = tl.load(scale_ptr + sc_row_off[:, None] + groups[None, :], mask=m2, other=0)

@@ -21,10 +21,11 @@ from m3bench.runtime.kernels.backend import (
     cache_kernel_args,
     interpreting,
     next_pow2,
+    nvfp4_asm,
     target_programs,
     use_triton,
 )
-from m3bench.runtime.kernels.kv_quant import PagedTensor, kv_format_of
+from m3bench.runtime.kernels.kv_quant import KVFormat, PagedTensor, kv_format_of
 
 MAX_SEGMENTS = 64
 MAX_TOPK_CHUNK = 4096  # score rows up to this many blocks stay in registers
@@ -77,7 +78,8 @@ def _launch_scores(iq, ik_cache, block_tables, seq_lens, qsl, init_blocks, score
         block_tables.stride(0), scores.stride(0), scores.stride(1),
         HI=hi, D=d, PAGE=page, TILE=tile, BLOCK_M=block_m, BLOCK_Q=block_q,
         INIT_BLOCKS=init_blocks, FMT=FMT_CODE[kv_format_of(ik_cache)],
-        F32=iq.dtype == torch.float32 or interpreting(), num_warps=4, num_stages=2,
+        F32=iq.dtype == torch.float32 or interpreting(), ASM=kv_format_of(ik_cache) is KVFormat.NVFP4 and nvfp4_asm(iq),
+        num_warps=4, num_stages=2,
     )
 
 

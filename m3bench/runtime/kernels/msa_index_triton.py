@@ -23,6 +23,7 @@ def block_scores_kernel(
     s_qt, s_qh, s_kp, s_kt, s_ksp, s_kst, s_bt, s_st, s_sh,
     HI: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, TILE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, INIT_BLOCKS: tl.constexpr, FMT: tl.constexpr, F32: tl.constexpr,
+    ASM: tl.constexpr,
 ):
     pid = tl.program_id(0)
     seg = tl.program_id(1)
@@ -58,7 +59,7 @@ def block_scores_kernel(
             off = sub * TILE + toks
             kpos = blk * PAGE + off
             ik = load_kv_tile(ik_ptr, iks_ptr, page * s_kp + off.to(tl.int64) * s_kt,
-                              page * s_ksp + off.to(tl.int64) * s_kst, kpos < seq_len, FMT, TILE, D)
+                              page * s_ksp + off.to(tl.int64) * s_kst, kpos < seq_len, FMT, TILE, D, ASM)
             s = mma(iq, tl.trans(ik), F32)
             ok = kpos[None, :] <= pos[:, None]
             best = tl.maximum(best, tl.max(tl.where(ok, s, float("-inf")), axis=1))

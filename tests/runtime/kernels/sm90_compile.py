@@ -100,6 +100,7 @@ def record_all(q_lens):
         nvfp4_ik = kq.Nvfp4Pages(*kq.quantize_nvfp4(x[:, 0], 1.0), torch.ones(1))
         for ik in (x[:, 0].to(torch.bfloat16), kq.quantize_fp8(x[:, 0]), nvfp4_ik):
             msa_select_blocks(iq, ik, bt, lens, qsl, 16, max_query_len=q_len, backend=T)
+        record_nvfp4_asm(q, iq, caches["nvfp4"], nvfp4_ik, bt, lens, qsl, sel, q_len)
     for n_tok in (1, 64):
         xs = torch.randn(n_tok, 6144).to(torch.bfloat16)
         wg = torch.empty(16, 3072, 6144, dtype=torch.bfloat16)
@@ -112,6 +113,20 @@ def record_all(q_lens):
     fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T, tiles=MoeTiles(64, 128, 64, 8, 3))
     record_mxfp8(T)
     record_fused(caches, x[:, 0])
+
+
+def record_nvfp4_asm(q, iq, cache, ik, bt, lens, qsl, sel, q_len):
+    """The NVFP4 decode in PTX (kv_tiles_triton.nvfp4_to_f16_asm), chosen on CUDA tensors only."""
+    from m3bench.runtime.kernels import attention, msa_index
+
+    T = KernelBackend.TRITON
+    attention.nvfp4_asm = msa_index.nvfp4_asm = lambda t: True
+    try:
+        paged_attention(q, cache, cache, bt, lens, qsl, 0.088, max_query_len=q_len, backend=T)
+        paged_attention(q, cache, cache, bt, lens, qsl, 0.088, selected_blocks=sel, max_query_len=q_len, backend=T)
+        msa_select_blocks(iq, ik, bt, lens, qsl, 16, max_query_len=q_len, backend=T)
+    finally:
+        attention.nvfp4_asm = msa_index.nvfp4_asm = lambda t: False
 
 
 def record_mxfp8(T):

@@ -56,3 +56,25 @@ def test_quantized_tiles_decode_exactly_into_fp16(triton_interpreter, fmt):
         want = (codes.unflatten(-1, (-1, 16)) * pages.scales.double()[..., None] * gs.double()).flatten(-2)
     assert torch.isfinite(out).all()
     assert torch.equal(out.double() * fac.double(), want.double())
+
+
+@triton.jit
+def _asm_kernel(byte_ptr, lo_ptr, hi_ptr):
+    from m3bench.runtime.kernels.kv_tiles_triton import nvfp4_to_f16_asm
+
+    i = tl.arange(0, 256)
+    lo, hi = nvfp4_to_f16_asm(tl.load(byte_ptr + i))
+    tl.store(lo_ptr + i, lo)
+    tl.store(hi_ptr + i, hi)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="PTX: needs a CUDA device (sm89+)")
+def test_nvfp4_ptx_decode_is_exact_for_every_byte():
+    # The PTX variant (four bytes a register) against the E2M1 table: both nibbles of all 256 bytes, / 64.
+    b = torch.arange(256, dtype=torch.uint8, device="cuda")
+    lo, hi = (torch.full((256,), float("nan"), dtype=torch.float16, device="cuda") for _ in range(2))
+    _asm_kernel[(1,)](b, lo, hi)
+    table = kq.e2m1_table() / 64
+    assert torch.equal(lo.cpu().float(), table[b.cpu().long() & 15])
+    assert torch.equal(hi.cpu().float(), table[b.cpu().long() >> 4])

@@ -9,7 +9,7 @@ from m3bench.runtime.config import NormKind
 from m3bench.runtime.kernels import kv_quant as kq
 from m3bench.runtime.kernels.add_norm import add_rms_norm_fused
 from m3bench.runtime.kernels.attention import paged_attention
-from m3bench.runtime.kernels.backend import KernelBackend
+from m3bench.runtime.kernels.backend import NVFP4_DECODE, KernelBackend, Nvfp4Decode
 from m3bench.runtime.kernels.norm_rope import Branch, norm_rope_write
 from m3bench.runtime.kernels.reference import paged_attention_ref
 from m3bench.runtime.kernels.router import router_topk
@@ -81,9 +81,12 @@ def test_norm_rope_write_at_rank_shapes(fmt, index):
     _same_cache(_cpu(v_got), v_ref, slots, torch.bfloat16, fmt)
 
 
+@pytest.mark.parametrize("decode", list(Nvfp4Decode))
 @pytest.mark.parametrize("sparse", [False, True])
-def test_nvfp4_attention_at_rank_shapes(sparse):
-    """B = 4 at 4k context, 8 query heads on 1 KV head of 128, page 128 (MSA: 16 random blocks)."""
+def test_nvfp4_attention_at_rank_shapes(sparse, decode, monkeypatch):
+    """B = 4 at 4k context, 8 query heads on 1 KV head of 128, page 128 (MSA: 16 random blocks); both
+    NVFP4 decodes (PTX, Triton's fp8 conversion)."""
+    monkeypatch.setitem(NVFP4_DECODE, "decode", decode)
     case = make_case(21, q_lens=[1, 1, 1, 4], seq_lens=[4096, 3000, 4100, 2500], hq=8, hkv=1, d=128, page=128,
                      fmt=kq.KVFormat.NVFP4, dtype=torch.bfloat16)
     sel = None
@@ -103,12 +106,14 @@ def test_nvfp4_attention_at_rank_shapes(sparse):
     assert rel < 2e-2, rel
 
 
+@pytest.mark.parametrize("decode", list(Nvfp4Decode))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_nvfp4_index_selection_at_rank_shapes(dtype):
+def test_nvfp4_index_selection_at_rank_shapes(dtype, decode, monkeypatch):
     """The indexer over NVFP4 index keys (decoded through the fp8 conversion), 4k context, top-16 of 32."""
     from m3bench.runtime.kernels.msa_index import msa_select_blocks
     from m3bench.runtime.kernels.reference import msa_select_blocks_ref
 
+    monkeypatch.setitem(NVFP4_DECODE, "decode", decode)
     case = make_case(22, q_lens=[1, 1, 4], seq_lens=[4096, 3500, 2900], hq=8, hkv=1, d=128, page=128, di=128,
                      fmt=kq.KVFormat.NVFP4, dtype=dtype)
     dev = lambda t: t.cuda()  # noqa: E731

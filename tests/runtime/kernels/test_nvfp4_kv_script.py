@@ -25,8 +25,8 @@ def bench():
 def test_tiny_run_checks_and_prints_both_formats(bench, capsys):
     assert bench.main(["--tiny"]) == 0
     out = capsys.readouterr().out
-    assert out.count("FAILED") == 0 and out.count(": rel err") == 6  # 3 kernels x 2 formats
-    assert "fp8 us  nvfp4 us  ratio" in out and out.count("step attention") == 2
+    assert out.count("FAILED") == 0 and out.count(": rel err") == 9  # 3 kernels x (fp8, nvfp4 x 2 decodes)
+    assert "nvfp4-cvt ratio" in out and out.count("step attention") == 4
 
 
 def test_step_estimate_weights_dense_and_msa_layers(bench):
