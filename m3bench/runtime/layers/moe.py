@@ -40,10 +40,12 @@ from m3bench.runtime.parallel import SINGLE, TPGroup
 
 
 def route(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, top_k: int,
-          scale: float, backend: KernelBackend = KernelBackend.TORCH) -> tuple[torch.Tensor, torch.Tensor]:
+          scale: float, backend: KernelBackend = KernelBackend.TORCH, x_router: torch.Tensor | None = None
+          ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [T, H] -> (weights [T, k] in the router's dtype, expert ids [T, k] int64); the epilogue after
-    the GEMM runs as one Triton kernel (kernels.router) when the backend picks Triton."""
-    logits = F.linear(x.to(weight.dtype), weight)
+    the GEMM runs as one Triton kernel (kernels.router) when the backend picks Triton. x_router: x
+    already in the router's dtype (SparseMoe.router_input), else x is cast."""
+    logits = F.linear(router_logits_input(x, weight, x_router), weight)
     if use_triton(backend, logits) and router_topk_supported(logits, top_k):
         return router_topk(logits, bias, top_k, scale)
     s = torch.sigmoid(logits)
@@ -51,6 +53,10 @@ def route(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, top_
     ids = choice.topk(top_k, dim=-1).indices
     w = s.gather(1, ids)
     return w / w.sum(-1, keepdim=True) * scale, ids
+
+
+def router_logits_input(x: torch.Tensor, weight: torch.Tensor, x_router: torch.Tensor | None) -> torch.Tensor:
+    return x.to(weight.dtype) if x_router is None else x_router
 
 
 def group_by_expert(ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
@@ -80,6 +86,7 @@ class SparseMoe(nn.Module):
         self.fuse_router = True  # the router epilogue follows kernel_backend (off: always torch)
         self.fuse_shared = True  # the shared expert inside the fused MoE's launches (plain weights; off: its own GEMMs)
         self.fuse_align = True  # <= 16 tokens: the router epilogue also aligns the picks for the fused MoE (one launch)
+        self.fuse_router_input = True  # the post-attention add + norm also writes the router's fp32 input (no cast)
         inter = m.intermediate_size  # routed experts are whole on their rank (expert parallelism)
         self.first_expert, local = tp.expert_range(m.num_experts)
         rdt = compute_dtype(dtype)
@@ -92,11 +99,12 @@ class SparseMoe(nn.Module):
         self.shared = (GatedMLP(hidden, m.shared_intermediate_size, act, alpha, limit, dtype, device, tp,
                                 reduce=False) if m.shared_intermediate_size else None)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, x_router: torch.Tensor | None = None) -> torch.Tensor:
+        """x [T, H] -> [T, H]; x_router: x in the router's dtype when the caller has it (router_input)."""
         if self.align_fusable(x):
-            return self.tp.all_reduce(self.routed_and_aligned(x)).to(x.dtype)
+            return self.tp.all_reduce(self.routed_and_aligned(x, x_router)).to(x.dtype)
         w, ids = route(x, self.router_weight, self.router_bias, self.m.top_k, self.m.routed_scaling_factor,
-                       self.kernel_backend if self.fuse_router else KernelBackend.TORCH)
+                       self.kernel_backend if self.fuse_router else KernelBackend.TORCH, x_router)
         ids = ids - self.first_expert if self.first_expert else ids  # local expert ids
         if self.shared_fusable(x):
             y = self.fused_experts(x, w, ids, self.shared_expert())
@@ -112,11 +120,20 @@ class SparseMoe(nn.Module):
                 and self.router_weight.dtype == torch.float32
                 and router_align_supported(x.shape[0], self.m.num_experts, self.m.top_k))
 
-    def routed_and_aligned(self, x: torch.Tensor) -> torch.Tensor:
+    def router_input(self, like: torch.Tensor, backend: KernelBackend) -> torch.Tensor | None:
+        """An fp32 buffer for the post-attention norm to write the router's input into (fused path, low-precision
+        activations: saves the cast launch), else None."""
+        if not (self.fuse_router_input and self.fuse_router and use_triton(backend, like)
+                and use_triton(self.kernel_backend, like) and like.dtype in (torch.bfloat16, torch.float16)
+                and self.router_weight.dtype == torch.float32):
+            return None
+        return torch.empty(like.shape, dtype=torch.float32, device=like.device)
+
+    def routed_and_aligned(self, x: torch.Tensor, x_router: torch.Tensor | None = None) -> torch.Tensor:
         """route + fused experts (+ the shared expert when fusable) with the alignment made by the router's kernel."""
         shared = self.shared_expert() if self.shared_fusable(x) else None
         tiles = self.expert_tiles(x, shared)
-        logits = F.linear(x.to(self.router_weight.dtype), self.router_weight)
+        logits = F.linear(router_logits_input(x, self.router_weight, x_router), self.router_weight)
         w, ids, alignment = router_topk_align(logits, self.router_bias, self.m.top_k, self.m.routed_scaling_factor,
                                               self.first_expert, self.w_down.shape[0], tiles.block_m, shared is not None)
         y = self.fused_experts(x, w, ids, shared, alignment, tiles)

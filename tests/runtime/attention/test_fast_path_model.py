@@ -141,3 +141,25 @@ def test_router_aligns_for_the_fused_moe(n_tok, monkeypatch):
     moe.kernel_backend = KernelBackend.TORCH
     want = moe(x)
     assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (got - want).abs().max()
+
+
+def test_post_attention_norm_hands_the_router_its_fp32_input(monkeypatch):
+    # bf16 on the Triton backend: the router takes the norm's fp32 copy (no cast launch), same outputs.
+    cfg = tiny_config()
+    model = M3ForCausalLM(cfg, dtype=torch.bfloat16, backend=TritonBackend())
+    model.init_dummy(9)
+    layer = model.layers[1]
+    layer.mlp.kernel_backend = KernelBackend.TRITON
+    seen = []
+    real = SparseMoe.forward
+    monkeypatch.setattr(SparseMoe, "forward", lambda self, y, xr=None: seen.append(xr is not None) or real(self, y, xr))
+    outs = []
+    for on in (True, False):
+        layer.mlp.fuse_router_input = on
+        kv = KVCache(cfg, 4, P, KVDtype.BF16, torch.bfloat16)
+        meta = build_attn_metadata([3], [3], [[0]], P)
+        h = torch.randn(3, cfg.hidden_size, generator=torch.Generator().manual_seed(14)).bfloat16()
+        cos, sin = model.rope.cos_sin(meta.positions)
+        outs.append(layer.forward_parts(h, layer.input_norm(h), cos, sin, meta, kv, model.backend))
+    assert seen == [True, False]
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])

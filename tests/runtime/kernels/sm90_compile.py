@@ -157,6 +157,7 @@ def record_fused(caches, x3):
         router_topk_align(torch.randn(n_tok, 128), torch.randn(128), 4, 2.0, 16, 16, 16, True)
     h = torch.randn(64, 6144).to(torch.bfloat16)
     add_rms_norm_fused(h, h, torch.zeros(6144, dtype=torch.bfloat16), 1e-6, True)
+    add_rms_norm_fused(h, h, torch.zeros(6144, dtype=torch.bfloat16), 1e-6, True, y32_out=torch.empty(64, 6144))
     d, y = 128, torch.randn(4, 15 * 128).to(torch.bfloat16)
     cos = sin = torch.randn(4, 32)
     slots, w = torch.arange(4), torch.zeros(d, dtype=torch.bfloat16)
