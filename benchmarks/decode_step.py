@@ -416,7 +416,7 @@ def run_checks(plan: Plan, dev: torch.device, tiny: bool, res: dict) -> bool:
     res["check_engine"] = _guard("check_engine", lambda: check_engine_graphs(dev), res) or {}
     _free(dev)
     oks = [r["ok"] for r in res["check_model"]] + [res["check_engine"].get("ok", False)]
-    return len(res["check_model"]) == 4 and all(oks)
+    return len(res["check_model"]) == 6 and all(oks)
 
 
 def run_timings(plan: Plan, dev: torch.device, args, res: dict) -> None:
