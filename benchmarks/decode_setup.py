@@ -202,14 +202,14 @@ def set_fast_path(model, on: bool) -> None:
 
 
 def engine_variants(llm, overlap_cls=None) -> dict:
-    """The LLM's engine parts (runner, graphs, pool) behind a synchronous Engine and an OverlapEngine
-    (or `overlap_cls`, a subclass of it)."""
+    """The LLM's engine parts (runner, graphs, pool) behind a synchronous Engine and an overlapped one
+    (or `overlap_cls(*args)`, an Engine subclass that overlaps)."""
     from m3bench.runtime.engine import Engine
-    from m3bench.runtime.overlap_engine import OverlapEngine
 
     e = llm.engine
     args = (e.runner, e.scheduler, e.sampler, e.tokenizer, tuple(e.eos), e.max_model_len)
-    return {"sync": Engine(*args), "async": (overlap_cls or OverlapEngine)(*args)}
+    kw = {"spec": e.spec}  # speculation (None without a draft) is the loop's strategy under both
+    return {"sync": Engine(*args, **kw), "async": overlap_cls(*args, **kw) if overlap_cls else Engine(*args, overlap=True, **kw)}
 
 
 def engine_step_ms(outputs) -> float:

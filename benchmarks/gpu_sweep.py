@@ -73,13 +73,14 @@ class Settings:
     trace: str | None = None  # replay this trace's window instead of random prompts
     max_requests: int = 64
     trace_scale: float = 1.0
+    max_warmup: int = 0  # > 0: at most this many warm-up requests a point (long trace prompts at high C)
 
 
 def gpu_settings(args) -> Settings:
     max_pos = args.max_pos or (196608 if args.trace else 4096)
     return Settings(M3Shapes(), args.layers, "cuda", "bfloat16", "fp8", tuple(args.concurrency), 1024, 256,
                     args.synthetic_acceptance, args.draft_len, args.budget_s, max_pos, args.spec_graphs,
-                    tuple(args.sweeps), args.trace, args.max_requests, args.trace_scale)
+                    tuple(args.sweeps), args.trace, args.max_requests, args.trace_scale, args.max_warmup)
 
 
 def cpu_settings(args) -> Settings:
@@ -129,9 +130,9 @@ def write_draft(dest: Path, target: Path, st: Settings) -> Path:
 # ---- the sweeps ---------------------------------------------------------------------------------
 
 
-def counts(concurrency: int) -> tuple[int, int]:
-    """(warm-up, measured) requests of a point: C, then max(4, 2 C)."""
-    return concurrency, max(4, 2 * concurrency)
+def counts(concurrency: int, max_warmup: int = 0) -> tuple[int, int]:
+    """(warm-up, measured) requests of a point: C (at most max_warmup when set), then max(4, 2 C)."""
+    return min(concurrency, max_warmup or concurrency), max(4, 2 * concurrency)
 
 
 def engine_options(st: Settings, target: Path, draft: Path | None):
@@ -144,8 +145,8 @@ def engine_options(st: Settings, target: Path, draft: Path | None):
                         cuda_graphs=st.device == "cuda" and (draft is None or st.spec_graphs), **spec)
 
 
-def point_config(base, concurrency: int):
-    warm, n = counts(concurrency)
+def point_config(base, concurrency: int, max_warmup: int = 0):
+    warm, n = counts(concurrency, max_warmup)
     if base.trace is not None:  # a trace replays its whole window
         return replace(base, concurrencies=(concurrency,), warmup=warm)
     return replace(base, concurrencies=(concurrency,), num_prompts=n, warmup=warm)
@@ -174,7 +175,7 @@ async def run_one_sweep(base, st: Settings, deadline_s: float) -> tuple[list[dic
                 continue
             t0 = time.monotonic()
             try:
-                rows.append(await run_point(point_config(base, c), key, target, tokenizer, scrape))
+                rows.append(await run_point(point_config(base, c, st.max_warmup), key, target, tokenizer, scrape))
             except Exception as e:  # recorded; the next points still run
                 traceback.print_exc()
                 skipped.append(failed_row(st, c, e))
@@ -334,6 +335,7 @@ def parse_args(argv=None):
                    help="Which sweeps to run (one alone gets the whole --budget-s).")
     p.add_argument("--trace", default=None, help="Replay this Mooncake trace's first --max-requests requests.")
     p.add_argument("--max-requests", type=int, default=64)
+    p.add_argument("--max-warmup", type=int, default=0, help="At most N warm-up requests a point (0: C).")
     p.add_argument("--trace-scale", type=float, default=1.0, help="Trace block size (512) and lengths times F.")
     p.add_argument("--max-pos", type=int, default=None, help="max_position_embeddings of the target config "
                    "(default 4096; 196608 with --trace; CPU 512).")

@@ -3,10 +3,12 @@ step, and whether the device was still busy when step() returned.
 
     python benchmarks/overlap_speed.py                 # H200: Qwen2.5-0.5B shapes and 12-layer M3 shapes
     python benchmarks/overlap_speed.py --cpu-smoke     # tiny Qwen2 on CPU (the plumbing; no overlap on CPU)
+    python benchmarks/overlap_speed.py --spec --models m3      # Eagle3 (dummy draft, synthetic AL 2.8, K 3)
+                                                       # under both engines: speculation with overlap
 
 One LLM per model (dummy weights, bf16, CUDA graphs); its runner, scheduler and pool are driven by a
-synchronous `Engine` and an `OverlapEngine` in turn. Per batch size B: B prompts of 128 random tokens,
-`--tokens` new tokens each (ignore_eos), one warm-up generate, then the timed one. Columns:
+synchronous `Engine` and an overlapped one (`Engine(..., overlap=True)`) in turn. Per batch size B: B prompts
+of 128 random tokens, `--tokens` new tokens each (ignore_eos), one warm-up generate, then the timed one. Columns:
   tok/s          generated tokens / wall seconds of the timed generate (prefill included)
   step ms        median over requests of the host time between consecutive tokens
   graph ms       the captured decode graph of that batch, replayed alone (the device's share)
@@ -31,7 +33,7 @@ import torch  # noqa: E402
 
 from decode_setup import engine_step_ms, engine_variants, replay_ms  # noqa: E402
 
-from m3bench.runtime.overlap_engine import OverlapEngine  # noqa: E402
+from m3bench.runtime.engine import Engine  # noqa: E402
 
 
 def model_configs(cpu_smoke: bool, m3_layers: int) -> dict:
@@ -45,27 +47,44 @@ def model_configs(cpu_smoke: bool, m3_layers: int) -> dict:
             f"m3-{m3_layers}L": our_config(hf_m3_config(M3Shapes(), m3_layers, 4096))}
 
 
-def build_llm(cfg, dev: torch.device, max_batch: int, prompt_len: int, new_tokens: int):
+def build_llm(cfg, dev: torch.device, max_batch: int, prompt_len: int, new_tokens: int, spec: bool = False):
     from m3bench.runtime import LLM
 
     page = 16 if dev.type == "cpu" else 128
-    pages_per_seq = -(-(prompt_len + new_tokens + 8) // page)
+    pages_per_seq = -(-(prompt_len + new_tokens + 8 * (1 + 4 * spec)) // page)
+    draft = dict(speculative_model=dummy_draft(cfg, dev), draft_len=SPEC_K, draft_kv="shared",
+                 synthetic_acceptance_length=SPEC_AL) if spec else {}
     return LLM(None, load_format="dummy", config=cfg, device=str(dev),
                dtype="bfloat16" if dev.type == "cuda" else "float32", tokens_per_block=page,
                kv_cache_dtype="fp8" if dev.type == "cuda" else "auto", max_batch_size=max_batch,
                max_num_tokens=max(2048, max_batch * prompt_len), num_kv_blocks=max_batch * pages_per_seq + 8,
-               enable_prefix_caching=False, cuda_graphs=dev.type == "cuda")
+               enable_prefix_caching=False, cuda_graphs=dev.type == "cuda", **draft)
+
+
+SPEC_K, SPEC_AL = 3, 2.8  # --spec: draft_len and the forced mean acceptance length
+
+
+def dummy_draft(cfg, dev: torch.device) -> Path:
+    """A directory holding an Eagle3 draft config for `cfg` (random weights: load_format dummy)."""
+    import tempfile
+
+    from m3bench.runtime.speculative.tiny_draft import tiny_draft_config
+
+    dest = Path(tempfile.mkdtemp(prefix="overlap-draft-"))
+    (dest / "config.json").write_text(json.dumps(tiny_draft_config(cfg).to_dict(), indent=1))
+    return dest
 
 
 def _cuda(llm) -> bool:
     return llm.device.type == "cuda"
 
 
-class ProbedOverlapEngine(OverlapEngine):
-    """Counts the steps whose launched work was still running on the device when step() returned."""
+class ProbedOverlapEngine(Engine):
+    """An overlapped Engine that counts the steps whose launched work was still running on the device when
+    step() returned."""
 
     def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, overlap=True, **kwargs)
         self.busy = self.returned = 0
 
     def step(self):
@@ -90,10 +109,14 @@ def measure(llm, variants: dict, batch: int, prompt_len: int, new_tokens: int) -
     tokens = {}
     for mode, engine in variants.items():
         llm.engine = engine
+        if engine.spec is not None:  # the two engines share one SpecRunner: it follows the engine driving it
+            engine.spec.drafts_on_device = engine.overlap
         llm.generate(prompts, SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
         if hasattr(engine, "busy"):
             engine.busy = engine.returned = 0
         _sync(llm)
+        if engine.spec is not None and engine.spec.synth is not None:  # the same forced counts for both
+            engine.spec.synth.generator.manual_seed(0)
         t0 = time.perf_counter()
         res = llm.generate(prompts, SamplingParams(max_tokens=new_tokens, ignore_eos=True))
         _sync(llm)
@@ -132,6 +155,8 @@ def parse_args(argv=None):
     ap.add_argument("--batches", type=int, nargs="+", default=None, help="default 1 4 16 64 (CPU: 1 2)")
     ap.add_argument("--tokens", type=int, default=None, help="new tokens per request (default 256; CPU 8)")
     ap.add_argument("--m3-layers", type=int, default=12)
+    ap.add_argument("--models", nargs="+", default=None, help="subset of: qwen2.5-0.5b m3 (default both)")
+    ap.add_argument("--spec", action="store_true", help=f"Eagle3 (dummy draft, synthetic AL {SPEC_AL}, K {SPEC_K})")
     ap.add_argument("--json", type=Path, default=None, help="write the rows here too")
     return ap.parse_args(argv)
 
@@ -147,7 +172,9 @@ def main(argv=None) -> int:
     new_tokens, prompt_len = args.tokens or (8 if args.cpu_smoke else 256), 8 if args.cpu_smoke else 128
     results = {}
     for name, cfg in model_configs(args.cpu_smoke, args.m3_layers).items():
-        llm = build_llm(cfg, dev, max(batches), prompt_len, new_tokens)
+        if args.models and not any(name.startswith(m) for m in args.models):
+            continue
+        llm = build_llm(cfg, dev, max(batches), prompt_len, new_tokens, args.spec)
         variants = engine_variants(llm, ProbedOverlapEngine)
         results[name] = [measure(llm, variants, b, prompt_len, new_tokens) for b in batches]
         print(f"{name} done", flush=True)

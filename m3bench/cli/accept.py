@@ -113,7 +113,7 @@ def _plan(o: dict[str, Any]):
     from m3bench.cli.accuracy import KV_QUANT_ALGO, quant_algo_of, resolve_model_id
     from m3bench.evals.acceptance import AcceptPlan
     from m3bench.evals.protocols.base import Settings
-    from m3bench.evals.references import RunSpec
+    from m3bench.evals.references import RunSpec, extra_acc_spec_of
 
     o["engine"].config(None)  # bad engine flags: exit 2 before any work (the smoke run's checkpoint included)
     if o["model"] is None:
@@ -122,7 +122,7 @@ def _plan(o: dict[str, Any]):
     engine = o["engine"].config(o["model"])
     spec = RunSpec(quant_algo=o["quant_algo"] or quant_algo_of(o["model"]),
                    kv_cache_quant_algo=KV_QUANT_ALGO.get(engine.kv_cache_dtype.value), spec_dec_algo="Eagle3",
-                   extra_acc_spec=o["extra_acc_spec"])
+                   extra_acc_spec=extra_acc_spec_of(o["extra_acc_spec"], engine.attention_dp))
     settings = Settings(o["num_fewshot"], o["limit"], o["max_tokens"], o["seed"])
     return AcceptPlan(engine, settings, o["model_id"] or resolve_model_id(str(o["model"])), spec, o["out"],
                       o["data_dir"], o["reference"], not o["no_reference"], temperature=o["temperature"])

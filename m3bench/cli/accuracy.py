@@ -249,11 +249,12 @@ def resolve_model_id(model: str) -> str:
 
 
 def run_spec(opts: Options, model_dir: Path | None):
-    from m3bench.evals.references import RunSpec
+    from m3bench.evals.references import RunSpec, extra_acc_spec_of
 
     quant = opts.quant_algo or (quant_algo_of(model_dir) if model_dir else None)
+    extra = extra_acc_spec_of(opts.extra_acc_spec, opts.engine.attention_dp, opts.backend is not BackendKind.OPENAI)
     return RunSpec(quant_algo=quant, kv_cache_quant_algo=KV_QUANT_ALGO.get(opts.engine.kv_cache_dtype.lower()),
-                   spec_dec_algo="Eagle3" if opts.engine.draft else None, extra_acc_spec=opts.extra_acc_spec)
+                   spec_dec_algo="Eagle3" if opts.engine.draft else None, extra_acc_spec=extra)
 
 
 def _config(path: Path) -> dict[str, Any]:

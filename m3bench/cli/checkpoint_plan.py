@@ -42,6 +42,8 @@ def plan(
     preset: Optional[PresetChoice] = typer.Option(None, "--preset", help="A published config instead of DIR."),
     tp: int = typer.Option(1, "--tp", min=1, help="Tensor-parallel ranks (one GPU each)."),
     ep: Optional[int] = typer.Option(None, "--ep", min=1, help="Expert-parallel ranks (default: --tp)."),
+    attention_dp: bool = typer.Option(False, "--attention-dp", help="Attention DP over the --tp ranks: only the "
+                                      "routed experts split; attention, dense layers and KV heads whole."),
     weights: WeightsChoice = typer.Option(WeightsChoice.AUTO, "--weights", help="Weight format in memory (auto: "
                                           "as the runtime holds the checkpoint's, see --weights-dtype)."),
     kv_cache_dtype: KVChoice = typer.Option(KVChoice.AUTO, "--kv-cache-dtype", help="KV cache storage."),
@@ -60,13 +62,15 @@ def plan(
 
     from m3bench.runtime.fit_check import resident_format
 
+    if attention_dp and ep is not None:
+        raise M3BenchError("--attention-dp splits the experts over the --tp ranks: leave out --ep")
     cfg = _config(path, preset)
     fmt = resident_format(cfg, "auto") if weights is WeightsChoice.AUTO else mp.weight_format_for(cfg, weights.value)
     settings = mp.PlanSettings(
         tp=tp, ep=ep, weights=fmt, kv_cache_dtype=kv_cache_dtype.value,
         gpu_memory_gib=gpu_memory_gib if gpu_memory_gib is not None else _device_gib(),
         gpu_memory_utilization=utilization, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-        max_num_tokens=max_num_tokens, draft=_draft(draft))
+        max_num_tokens=max_num_tokens, draft=_draft(draft), attention_dp=attention_dp)
     result = mp.plan_memory(cfg, settings)
     if as_json:
         print(json.dumps(result.to_dict()))

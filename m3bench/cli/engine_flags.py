@@ -49,6 +49,9 @@ ASYNC_HELP = ("Overlap scheduling: schedule step N+1 while step N runs on the de
               "Default: on for CUDA at TP 1 without --draft; with --draft or at --tp > 1 when asked.")
 WEIGHTS_DTYPE_HELP = ("auto: quantized checkpoints run as stored (MXFP8 layers, NVFP4 routed experts); "
                       "bfloat16: dequantize to the model dtype on load.")
+ATTENTION_DP_HELP = ("Attention data parallelism (needs --tp N > 1): N engines, each with its own requests and KV "
+                     "cache, attention with all heads; the MoE stays expert-parallel (tokens exchanged). Batch, "
+                     "token and KV limits are per rank.")
 MAX_MODEL_LEN_HELP = ("Context (prompt + output) a request may reach, up to the model's max_position_embeddings "
                       "and the KV pool (default: the most both allow).")
 
@@ -94,6 +97,7 @@ FLAGS = (
                                                     help="auto: Triton on CUDA, torch on CPU.")),
     Flag("tp", str, _opt("1", "--tp", help="Tensor-parallel size: ranks (GPUs, or CPU processes) of one model "
                          "(sweep: a list such as 1,2,4).")),
+    Flag("attention_dp", bool, _opt(False, "--attention-dp/--no-attention-dp", help=ATTENTION_DP_HELP)),
     Flag("draft", Optional[Path], _opt(None, "--draft", help="Eagle3 draft directory: speculative decoding "
                                        "(with --load-format dummy only its config.json is read).")),
     Flag("draft_len", int, _opt(3, "--draft-len", help="Draft tokens proposed per verify step (1-15).")),
@@ -127,6 +131,7 @@ class EngineFlags:
     weights_dtype: str = "auto"
     attention_backend: str = "auto"
     tp: str = "1"
+    attention_dp: bool = False
     draft: Path | None = None
     draft_len: int = 3
     draft_kv: str = "separate"

@@ -28,6 +28,7 @@ ACCEPTANCE_PROTOCOL_KEYS = ("protocol", "draft_len")
 ACCURACY_KEYS = frozenset({"accuracy", "alpha", "beta", "sigma", "num_samples", "threshold", "reference_note", "source"})
 ACCEPTANCE_KEYS = frozenset({"ref_al", "min_al", "acceptance_rate", "num_samples", "reference_note", "source"})
 SIGMA_FROM_REFERENCE = "from_reference"
+ATTENTION_DP = "attention_dp"  # the extra_acc_spec of the seed's attention-DP figures
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,18 @@ class RunSpec:
     def describe(self) -> str:
         parts = [f"{k}={getattr(self, k)}" for k in SPEC_KEYS if getattr(self, k) is not None]
         return ", ".join(parts) or "no spec keys"
+
+
+def extra_acc_spec_of(asked: str | None, attention_dp: bool, engine_is_the_run: bool = True) -> str | None:
+    """The run's extra_acc_spec: `attention_dp` when its engine runs attention DP (EngineConfig.attention_dp),
+    else what --extra-acc-spec asked. `engine_is_the_run` False (a server at --base-url): the engine flags do not
+    describe the run, so the asked key stands alone."""
+    if attention_dp and asked not in (None, ATTENTION_DP):
+        raise InputError(f"--attention-dp runs are extra_acc_spec {ATTENTION_DP}, not --extra-acc-spec {asked}")
+    if asked == ATTENTION_DP and not attention_dp and engine_is_the_run:
+        raise InputError(f"--extra-acc-spec {ATTENTION_DP} gates against attention-DP figures: run the engine with "
+                         "--attention-dp --tp N")
+    return ATTENTION_DP if attention_dp else asked
 
 
 @dataclass(frozen=True)

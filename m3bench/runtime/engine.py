@@ -1,6 +1,6 @@
 """The serving engine: one step is schedule -> build inputs -> run the model -> sample -> postprocess.
 
-    engine = Engine(model, kv, block_manager, scheduler, sampler, tokenizer, max_model_len)
+    engine = Engine(runner, scheduler, sampler, tokenizer, eos_ids, max_model_len, spec=None, overlap=False)
     engine.add(seq)
     while engine.has_work():
         deltas = engine.step()          # list[RequestDelta]: new tokens / text / timestamps per request
@@ -9,6 +9,10 @@ Inputs are built on the host as rows (runtime/step_rows.py, shared with speculat
 device once; the slot of every token is looked up on the device from the persistent block table. A step
 in which every request decodes one token from its own row is built on the device instead, from the
 tokens and positions the previous steps left there (runtime/decode_state: no per-request host work).
+
+Modes of the one loop: `spec` (a SpecRunner) makes it speculative (propose / verify as a strategy);
+`overlap` lands a plain step's tokens one step late while the next step runs (runtime/overlap.py). Under
+tensor parallelism the runners hand each step's inputs to their `link` first (runtime/rank_step.py).
 """
 
 from __future__ import annotations
@@ -22,8 +26,10 @@ import torch
 
 from m3bench.runtime.attention.metadata import AttnMetadata
 from m3bench.runtime.block_manager import BlockManager
-from m3bench.runtime.decode_state import DecodeState
+from m3bench.runtime.decode_state import PLACEHOLDER, DecodeState
 from m3bench.runtime.kv_cache import KVCache
+from m3bench.runtime.overlap import Flight, num_placeholders, pending, strip_placeholders, to_host
+from m3bench.runtime.rank_step import NO_LINK, target_logits
 from m3bench.runtime.sampler import Sampler, SamplerOutput, make_generator
 from m3bench.runtime.scheduler import ScheduledBatch, Scheduler
 from m3bench.runtime.sequence import Detokenizer, FinishReason, Sequence
@@ -51,6 +57,7 @@ class ModelRunner:
     """Turns a ScheduledBatch into device tensors and runs the model on them."""
 
     clock: Any = NO_CLOCK  # engine_builder sets the engine's StepClock (runtime/step_timing.py)
+    link: Any = NO_LINK  # tensor parallelism: rank 0's Driver, which sends each step to the other ranks
 
     def __init__(self, model: Any, kv: KVCache, bm: BlockManager, device: torch.device,
                  graphs: "DecodeGraphs | None" = None) -> None:
@@ -100,10 +107,9 @@ class ModelRunner:
         """Logits [N, V] float32 of the rows in inputs.logits_idx."""
         with self.clock.forward():
             if self.graphs is not None and self._graph_fits(inputs, batch):
-                hidden = self.graphs.replay(inputs)
-            else:
-                hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv)
-            return self.model.compute_logits(hidden[inputs.logits_idx])
+                return self.model.compute_logits(self.graphs.replay(inputs)[inputs.logits_idx])
+            with self.link.forward(inputs, captured=False):
+                return target_logits(self.model, self.kv, inputs)
 
 
 def graph_batch_sizes(max_batch_size: int) -> list[int]:
@@ -186,15 +192,22 @@ class StepOutcome:
 
 class Engine:
     """The step loop. `spec` (a SpecRunner, or None) is the propose/verify strategy: it builds the step's
-    rows with the drafts to verify, verifies them, and drafts again over the positions that landed."""
+    rows with the drafts to verify, verifies them, and drafts again over the positions that landed.
+    `overlap` (runtime/overlap.py): a plain step's tokens land one step late, while the next step runs;
+    under speculation the drafts stay on the device while the next step is scheduled and built."""
 
     def __init__(self, runner: ModelRunner, scheduler: Scheduler, sampler: Sampler, tokenizer: Any,
-                 eos_token_ids: tuple[int, ...], max_model_len: int, spec: Any = None) -> None:
+                 eos_token_ids: tuple[int, ...], max_model_len: int, spec: Any = None, overlap: bool = False) -> None:
         self.runner, self.scheduler, self.sampler = runner, scheduler, sampler
         self.tokenizer, self.eos = tokenizer, frozenset(eos_token_ids)
         self.max_model_len = max_model_len
         self.spec = spec
         self.stepper = runner if spec is None else spec  # prepare / run of the step
+        self.overlap = overlap
+        self.lands_late = overlap and spec is None  # plain overlap: tokens land one step late
+        if spec is not None:
+            spec.drafts_on_device = overlap
+        self.flight: Flight | None = None  # (late) the launched step whose tokens have not landed
 
     def add(self, seq: Sequence) -> None:
         if seq.params.seed is not None:
@@ -213,10 +226,13 @@ class Engine:
         return True
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        return self.flight is not None or self.scheduler.has_work()
 
     def step(self) -> list[RequestDelta]:
-        """Run one engine step; the deltas of every request that gained tokens or finished."""
+        """Run one engine step; the deltas of every request that gained tokens or finished (overlapped: the
+        deltas of the step launched by the previous call)."""
+        if self.lands_late:
+            return self._step_late()
         batch = self.scheduler.schedule()
         dropped = [make_delta(s, (), "", ()) for s in self.scheduler.drain_dropped()]
         if batch is None:
@@ -243,6 +259,60 @@ class Engine:
         lps = self.spec.verify_logprobs(logits[:nv], inputs, verified) if nv else (None, None)
         return StepOutcome(inputs, sampled, verified, lps)
 
+    # ---- overlap: a plain step's tokens land one step late -------------------------------------------
+    def _step_late(self) -> list[RequestDelta]:
+        held = [s for s in self.flight.seqs if not s.finished] if self.flight is not None else []
+        for seq in held:  # while scheduling and building inputs only: between steps outputs hold real tokens
+            seq.output_ids.append(PLACEHOLDER)
+        try:
+            batch = self.scheduler.schedule()
+            launched = self._launch(batch) if batch is not None else None
+        finally:
+            for seq in held:
+                strip_placeholders(seq)
+        dropped = self.scheduler.drain_dropped()  # (a token in flight is lost with it: the pool cannot hold it)
+        deltas = self._land_flight(self.flight) if self.flight is not None else []
+        self.flight = launched if launched is not None and pending(launched) else None
+        return [make_delta(s, (), "", ()) for s in dropped] + deltas
+
+    def _launch(self, batch: ScheduledBatch) -> Flight:
+        out = self._run_batch(batch)
+        host, done = to_host(out.sampled)
+        finished = self._advance(batch)
+        return Flight(out.inputs.sample_seqs, host, done, finished)
+
+    def _advance(self, batch: ScheduledBatch) -> list[Sequence]:
+        """The step's K/V counts as computed (stream order: later steps see it); the scoring requests done."""
+        finished = []
+        for seq, n in zip(batch.seqs, batch.num_tokens):
+            seq.num_computed += n
+            self._commit_known(seq)
+            if seq.is_score and seq.num_computed == seq.num_tokens:
+                self.scheduler.finish(seq, FinishReason.STOP)
+                finished.append(seq)
+        return finished
+
+    def _land_flight(self, flight: Flight) -> list[RequestDelta]:
+        if flight.done is not None:
+            flight.done.synchronize()
+        deltas = []
+        if flight.sampled is not None:
+            tokens, lps, tops = fetch_sampled(flight.sampled)
+            now = time.time()
+            for i, seq in enumerate(flight.seqs):
+                if not seq.finished:  # else it stopped one step earlier (an extra token), or was aborted / dropped
+                    self._commit_known(seq)
+                    deltas.append(self.land(seq, [tokens[i]], now, [lps and lps[i]], [tops and tops[i]]))
+        return deltas + [make_delta(s, (), "", ()) for s in flight.finished]
+
+    def _commit_known(self, seq: Sequence) -> None:
+        """Register the computed full pages in the prefix cache, but only over tokens known on the host."""
+        computed = seq.num_computed  # may count a placeholder's position (run by a step in flight)
+        seq.num_computed = min(computed, seq.num_tokens - num_placeholders(seq))
+        self.scheduler.bm.commit(seq)
+        seq.num_computed = computed
+
+    # ---- sampling and scoring ------------------------------------------------------------------------
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
         banned = [self._banned(s) for s in seqs]
         return self.sampler(logits, [s.params for s in seqs], [s.generator for s in seqs], banned)

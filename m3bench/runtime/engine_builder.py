@@ -31,7 +31,6 @@ from m3bench.runtime.model_builder import (
     load_tokenizer,
     profile_forward,
 )
-from m3bench.runtime.overlap_engine import OverlapEngine
 from m3bench.runtime.sampler import Sampler
 from m3bench.runtime.scheduler import Scheduler
 from m3bench.runtime.step_timing import StepClock
@@ -57,7 +56,7 @@ class EngineParts:
     tokenizer: Any  # the transformers tokenizer (the caller's, or tok's), or None
     spec: Any  # SpecConfig, or None
     draft: Any  # Eagle3Draft, or None
-    engine: Any  # the step loop: Engine (with its SpecRunner under speculation) or OverlapEngine
+    engine: Any  # the step loop: an Engine (with its SpecRunner under speculation; overlapped or not)
     max_model_len: int
     tp: Any  # the tensor-parallel Driver of rank 0, or None at TP 1
     clock: StepClock  # times each engine step and the forwards in it (runtime/step_timing.py)
@@ -113,7 +112,7 @@ def build_pool(cfg: EngineConfig, model: Any, spec: Any, draft: Any, tp: Any) ->
     P, kvd, n = cfg.tokens_per_block, kv_dtype(cfg), pool_pages(cfg, model, draft, tp)
     extra = 1 if cfg.cuda_graphs else 0
     if tp is not None:
-        tp.alloc(n + extra, P, kvd)  # the other ranks' pools mirror this one
+        tp.alloc(n + extra, P, kvd)  # the other ranks' pools have this one's pages
     kv = KVCache(model.cfg, n + extra, P, kvd, model.dtype, model.device, model.tp)
     caching = cfg.enable_prefix_caching and (spec is None or _spec_caching(spec))
     return kv, BlockManager(n, P, cfg.max_batch_size, max_pages(cfg, model, n), model.device, caching)
@@ -169,7 +168,7 @@ def draft_page_bytes(draft: Any, P: int, kvd: Any, model: Any) -> int:
 
 def build_engine(cfg: EngineConfig, model: Any, kv: KVCache, bm: BlockManager, spec: Any, draft: Any,
                  tokenizer: Any, eos: tuple[int, ...], max_model_len: int, tp: Any) -> Any:
-    """The step loop: speculative (spec set), overlapped (cfg.async_scheduling) or plain."""
+    """The step loop: plain or speculative (spec set), overlapped or not (cfg.async_scheduling)."""
     scheduler = Scheduler(bm, cfg.max_batch_size, cfg.max_num_tokens)
     sampler = Sampler(model.device, cfg.seed)
     if spec is not None:
@@ -177,9 +176,10 @@ def build_engine(cfg: EngineConfig, model: Any, kv: KVCache, bm: BlockManager, s
     graphs = DecodeGraphs(model, kv, bm, bm.num_blocks, cfg.max_batch_size) if cfg.cuda_graphs else None
     if graphs is not None:
         graphs.capture()
-    runner = ModelRunner(model, kv, bm, model.device, graphs) if tp is None else _tp_runner(tp, model, kv, bm)
-    loop = OverlapEngine if cfg.async_scheduling else Engine
-    return loop(runner, scheduler, sampler, tokenizer, eos, max_model_len)
+    runner = ModelRunner(model, kv, bm, model.device, graphs)
+    if tp is not None:  # each step's inputs go to the other ranks, which run the same forward
+        runner.link = tp
+    return Engine(runner, scheduler, sampler, tokenizer, eos, max_model_len, overlap=bool(cfg.async_scheduling))
 
 
 def _spec_engine(cfg, model, kv, bm, scheduler, sampler, spec, draft, tokenizer, eos, max_model_len, tp) -> Any:
@@ -188,17 +188,11 @@ def _spec_engine(cfg, model, kv, bm, scheduler, sampler, spec, draft, tokenizer,
     engine = build_spec_engine(model, kv, bm, scheduler, sampler, tokenizer, eos, max_model_len, spec, draft,
                                cfg.max_batch_size, cfg.max_num_tokens, cfg.cuda_graphs,  # captures its own graphs
                                overlap=bool(cfg.async_scheduling))
-    if tp is not None:  # the target's and the draft's calls then run on every rank
-        from m3bench.runtime.distributed.mirror import mirror_spec_runner
-
-        mirror_spec_runner(tp, engine.spec, kv)
+    if tp is not None:  # the other ranks get a draft pool like rank 0's; each step's inputs go to them
+        store = engine.spec.layout.store
+        tp.alloc_draft(store.num_pages, store.page_size, kv.kv_dtype)
+        engine.spec.link = tp
     return engine
-
-
-def _tp_runner(driver: Any, model: Any, kv: KVCache, bm: BlockManager) -> ModelRunner:
-    from m3bench.runtime.distributed.driver import DriverRunner
-
-    return DriverRunner(driver, model, kv, bm, model.device)
 
 
 def _spec_caching(spec: Any) -> bool:

@@ -87,6 +87,7 @@ class EngineConfig:
     async_scheduling: bool | None = None  # overlap; None: on for CUDA at TP 1 (speculation too)
     attention_backend: AttentionBackend = AttentionBackend.AUTO
     tensor_parallel_size: int = 1
+    attention_dp: bool = False  # with tensor_parallel_size N: N engines, attention data-parallel, MoE expert-parallel
     seed: int = 0  # engine sampler and dummy weights
     draft: Path | None = None  # Eagle3 draft directory: speculative decoding
     draft_len: int = 3
@@ -105,6 +106,7 @@ class EngineConfig:
         _check_sizes(self)
         _check_device(self.device)
         _check_speculation(self)
+        _check_attention_dp(self)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> "EngineConfig":
@@ -184,6 +186,12 @@ def _check_speculation(c: EngineConfig) -> None:
         raise InputError("synthetic acceptance forces the acceptance of draft tokens: it needs --draft DIR")
     if c.draft_page_size is not None and not supported_page_size(c.draft_page_size):
         raise InputError(f"draft_page_size {c.draft_page_size} is not a supported page size")
+
+
+def _check_attention_dp(c: EngineConfig) -> None:
+    if c.attention_dp and c.tensor_parallel_size == 1:
+        raise InputError("attention_dp needs tensor_parallel_size > 1 (--attention-dp --tp N: N ranks, each with "
+                         "its own requests and KV cache, the MoE experts split over them)")
 
 
 def _plain(value: Any) -> Any:

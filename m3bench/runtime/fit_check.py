@@ -61,7 +61,7 @@ def engine_settings(cfg: ModelConfig, engine: EngineConfig) -> PlanSettings:
         max_model_len=min(cfg.max_position_embeddings, engine.max_num_tokens), max_num_seqs=engine.max_batch_size,
         max_num_tokens=engine.max_num_tokens, page_tokens=engine.tokens_per_block, draft=_draft_shape(engine.draft),
         context_reserve_gib=1.0 if on_gpu else 0.0, cuda_graph_reserve_gib=1.0 if engine.cuda_graphs else 0.0,
-        device_name=engine.device)
+        device_name=engine.device, attention_dp=engine.attention_dp)
 
 
 def check_config_fits(engine: EngineConfig) -> MemoryPlan | None:

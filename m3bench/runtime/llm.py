@@ -70,7 +70,7 @@ class LLM:
                  draft_len: int = 3, draft_kv: str = "separate", synthetic_acceptance_length: float | None = None,
                  draft_page_size: int | None = None, tensor_parallel_size: int = 1,
                  async_scheduling: bool | None = None, max_model_len: int | None = None,
-                 weights_dtype: str = "auto") -> None:
+                 weights_dtype: str = "auto", attention_dp: bool = False) -> None:
         """`model`: a checkpoint directory, or an M3ForCausalLM already built (its device and dtype win).
 
         The keywords are EngineConfig's fields under their library names (`speculative_model`: the draft
@@ -91,8 +91,8 @@ class LLM:
             attention_backend=attention_backend, tensor_parallel_size=tensor_parallel_size, seed=seed,
             draft=_draft_path(speculative_model), draft_len=draft_len, draft_kv=draft_kv,
             synthetic_acceptance=synthetic_acceptance_length, draft_page_size=draft_page_size,
-            max_model_len=max_model_len, weights_dtype=weights_dtype)
-        self._attach(build(resolve(cfg), prebuilt))
+            max_model_len=max_model_len, weights_dtype=weights_dtype, attention_dp=attention_dp)
+        self._attach(build_parts(resolve(cfg), prebuilt))
 
     @classmethod
     def from_config(cls, cfg: EngineConfig, prebuilt: Prebuilt = Prebuilt()) -> "LLM":
@@ -104,7 +104,7 @@ class LLM:
         if prebuilt.model is None:
             check_config_fits(cfg)
         llm = cls.__new__(cls)
-        llm._attach(build(cfg, prebuilt))
+        llm._attach(build_parts(cfg, prebuilt))
         return llm
 
     def _attach(self, parts: EngineParts) -> None:
@@ -235,6 +235,9 @@ class LLM:
         return dataclasses.replace(out, spec=self.request_spec_stats(out.request_id))
 
     def stats(self) -> LLMStats:
+        merged = getattr(self.engine, "merged_stats", None)  # attention DP: summed over the ranks' engines
+        if merged is not None:
+            return LLMStats(**merged())
         s, bm = self.engine.scheduler, self.engine.scheduler.bm
         return LLMStats(len(s.running), len(s.waiting), bm.num_blocks, bm.num_available,
                         bm.stats.queried_tokens, bm.stats.hit_tokens, s.num_preemptions)
@@ -294,6 +297,15 @@ class LLM:
                              seq.finish_reason.value, seq.timings, seq.num_cached,
                              prompt_logprobs=list(seq.score_logprobs) if want_prompt else None,
                              prompt_top_logprobs=[list(t) for t in seq.score_top] if want_prompt else None)
+
+
+def build_parts(cfg: EngineConfig, prebuilt: Prebuilt) -> EngineParts:
+    """engine_builder.build, or under attention DP one engine per rank behind rank 0's front."""
+    if cfg.attention_dp:
+        from m3bench.runtime.distributed.attention_dp import build_attention_dp
+
+        return build_attention_dp(cfg, prebuilt)
+    return build(cfg, prebuilt)
 
 
 def _as_prompt_list(prompts: Any) -> list:

@@ -77,6 +77,12 @@ class PlanSettings:
     context_reserve_gib: float = 1.0  # CUDA context, NCCL buffers, allocator slack
     cuda_graph_reserve_gib: float = 1.0
     device_name: str = "GPU"
+    attention_dp: bool = False  # tp ranks of attention DP: only the routed experts split (over tp), the rest whole
+
+    @property
+    def split(self) -> int:
+        """Ranks the attention, dense, shared-expert, embedding and lm_head weights and the KV heads split over."""
+        return 1 if self.attention_dp else self.tp
 
 
 @dataclass(frozen=True)
@@ -126,7 +132,8 @@ class MemoryPlan:
 
     def message(self) -> str:
         s = self.settings
-        head = (f"memory plan per rank at TP{s.tp}/EP{s.ep or s.tp}, weights {s.weights.value}, "
+        layout = f"attention DP {s.tp}/EP{s.tp}" if s.attention_dp else f"TP{s.tp}/EP{s.ep or s.tp}"
+        head = (f"memory plan per rank at {layout}, weights {s.weights.value}, "
                 f"KV {s.kv_cache_dtype}, {s.gpu_memory_gib:g} GiB x {s.gpu_memory_utilization:g}: "
                 f"weights {self.weight_bytes / GIB:.2f} GiB + workspace {self.workspace_bytes / GIB:.2f} GiB "
                 f"+ CUDA graphs {self.cuda_graph_bytes / GIB:.2f} GiB")
@@ -140,7 +147,7 @@ class MemoryPlan:
     def to_dict(self) -> dict:
         s = self.settings
         return {
-            "tp": s.tp, "ep": s.ep or s.tp, "weights": s.weights.value, "kv_cache_dtype": s.kv_cache_dtype,
+            "tp": s.tp, "ep": s.ep or s.tp, "attention_dp": s.attention_dp, "weights": s.weights.value, "kv_cache_dtype": s.kv_cache_dtype,
             "gpu_memory_gib": s.gpu_memory_gib, "gpu_memory_utilization": s.gpu_memory_utilization,
             "budget_bytes": self.budget_bytes, "weight_bytes": self.weight_bytes,
             "weight_bytes_by_part": dict(self.parts), "workspace_bytes": self.workspace_bytes,
@@ -212,7 +219,7 @@ def _local_heads(heads: int, tp: int) -> int:
 
 def weight_bytes_per_rank(cfg: ModelConfig, s: PlanSettings) -> dict[str, int]:
     lin, experts = _formats(s.weights)
-    tp, h, db = s.tp, cfg.hidden_size, s.dtype_bytes
+    tp, h, db = s.split, cfg.hidden_size, s.dtype_bytes
     kv_local = _local_heads(cfg.num_kv_heads, tp) * cfg.head_dim
     attn = (2 * h * cfg.q_size / tp + 2 * h * kv_local) * cfg.num_layers
     n_msa = len(cfg.sparse_layers)
@@ -224,7 +231,7 @@ def weight_bytes_per_rank(cfg: ModelConfig, s: PlanSettings) -> dict[str, int]:
     out = {
         "embeddings": p["embeddings"] / tp * db, "attention": _linear_bytes(attn, lin, db),
         "index": _linear_bytes(index, lin, db), "dense_mlp": _linear_bytes(p["dense_mlp"] / tp, lin, db),
-        "routed_experts": _linear_bytes(p["routed_experts"] / tp, experts, db),  # E/EP experts, split tp/EP ways
+        "routed_experts": _linear_bytes(p["routed_experts"] / s.tp, experts, db),  # E/EP experts, split tp/EP ways
         "shared_expert": _linear_bytes(p["shared_expert"] / tp, lin, db),
         "routers_norms": _router_norm_bytes(cfg, p, db), "lm_head": p["lm_head"] / tp * db,
         "eagle3_draft": _draft_bytes(s.draft, tp, db) if s.draft else 0,
@@ -267,7 +274,7 @@ def kv_bytes_per_token(cfg: ModelConfig, s: PlanSettings) -> tuple[int, int]:
     if s.kv_cache_dtype not in KV_DTYPES:
         raise InputError(f"unknown kv_cache_dtype {s.kv_cache_dtype!r} (choose from {', '.join(KV_DTYPES)})")
     plain = s.dtype_bytes if s.kv_cache_dtype == "auto" else 2
-    kv_local = _local_heads(cfg.num_kv_heads, s.tp) * cfg.head_dim
+    kv_local = _local_heads(cfg.num_kv_heads, s.split) * cfg.head_dim
     kv = index = 0.0
     for kind in cfg.attn_kinds:
         b = _kv_elem_bytes(layer_kv_format(s.kv_cache_dtype, kind), plain)
@@ -276,7 +283,7 @@ def kv_bytes_per_token(cfg: ModelConfig, s: PlanSettings) -> tuple[int, int]:
             index += cfg.msa.index_dim * b
     if s.draft is not None:  # the draft layer: FP8 under hybrid, as a dense layer
         b = _kv_elem_bytes(layer_kv_format(s.kv_cache_dtype, AttnKind.DENSE), plain)
-        kv += 2 * _local_heads(s.draft.num_kv_heads, s.tp) * s.draft.head_dim * b
+        kv += 2 * _local_heads(s.draft.num_kv_heads, s.split) * s.draft.head_dim * b
     return int(round(kv)), int(round(index))
 
 
@@ -284,7 +291,7 @@ def kv_bytes_per_token(cfg: ModelConfig, s: PlanSettings) -> tuple[int, int]:
 
 def workspace_bytes(cfg: ModelConfig, s: PlanSettings) -> int:
     """Activation peak of one step of max_num_tokens tokens (fp32 upper bound) + sampled logits + context."""
-    h, tp = cfg.hidden_size, s.tp
+    h, tp = cfg.hidden_size, s.split
     moe = 0 if cfg.moe is None else cfg.moe.top_k * 3 * cfg.moe.intermediate_size
     per_token = 8 * h + 2 * (cfg.q_size // tp) + 2 * cfg.dense_intermediate_size // tp + moe
     logits = 2 * s.max_num_seqs * cfg.vocab_size
@@ -299,7 +306,7 @@ def _check_settings(cfg: ModelConfig, s: PlanSettings) -> None:
     if cfg.moe is not None and cfg.moe.num_experts % (s.ep or s.tp):
         raise InputError(f"{cfg.moe.num_experts} experts do not split over EP {s.ep or s.tp}")
     for what, n in (("num_attention_heads", cfg.num_heads), ("vocab_size", cfg.vocab_size)):
-        if n % s.tp:
+        if n % s.split:
             raise InputError(f"{what} {n} does not split over TP {s.tp}")
     if s.page_tokens < 1 or s.max_num_seqs < 1 or s.max_num_tokens < 1 or s.gpu_memory_gib <= 0:
         raise InputError("page_tokens, max_num_seqs, max_num_tokens and gpu_memory_gib must be positive")

@@ -43,14 +43,15 @@ class CaptureSpec:
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int, dtype: torch.dtype, device, tp: TPGroup):
+    def __init__(self, cfg: ModelConfig, layer: int, dtype: torch.dtype, device, tp: TPGroup,
+                 ep: TPGroup | None = None):
         super().__init__()
         self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm, dtype, device)
         self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm, dtype, device)
         self.attn = Attention(cfg, layer, dtype, device, tp)
         act = (cfg.activation, cfg.swiglu_alpha, cfg.swiglu_limit)
         if cfg.mlp_kinds[layer] is MlpKind.MOE:
-            self.mlp = SparseMoe(cfg.hidden_size, cfg.moe, *act, dtype, device, tp)
+            self.mlp = SparseMoe(cfg.hidden_size, cfg.moe, *act, dtype, device, tp, ep)
         else:
             self.mlp = GatedMLP(cfg.hidden_size, cfg.dense_intermediate_size, *act, dtype, device, tp)
         self.mlp_prefix = "moe." if cfg.mlp_kinds[layer] is MlpKind.MOE else "mlp."
@@ -77,16 +78,19 @@ class DecoderLayer(nn.Module):
 
 class M3ForCausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-                 tp: TPGroup | None = None, backend=None, weights: LinearFormat = LinearFormat.PLAIN):
+                 tp: TPGroup | None = None, backend=None, weights: LinearFormat = LinearFormat.PLAIN,
+                 ep: TPGroup | None = None):
         super().__init__()
         self.cfg, self.dtype, self.device, self.weights = cfg, dtype, torch.device(device), weights
         self.tp = tp or SINGLE
+        self.ep = ep or self.tp  # routed experts' ranks (attention DP: ep over all ranks, everything else whole)
         self.backend = backend or TorchBackend()
         vocab_local = self.tp.shard_size(cfg.vocab_size, "vocab_size")  # embedding and lm_head: vocab-parallel
         self.embed_tokens = nn.Parameter(torch.empty(vocab_local, cfg.hidden_size, dtype=dtype, device=device),
                                          requires_grad=False)
         with linear_format(weights):  # embeddings, lm_head, norms and routers stay in the model dtype
-            self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype, device, self.tp) for i in range(cfg.num_layers))
+            self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype, device, self.tp, self.ep)
+                                        for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm, dtype, device)
         self.rope = RotaryEmbedding(cfg.rotary_dim, cfg.rope_theta, cfg.rope_scaling, device)
         self.lm_head = (None if cfg.tie_word_embeddings else
@@ -161,7 +165,7 @@ class M3ForCausalLM(nn.Module):
         """Fill every parameter from a dict of canonical names (full, unsharded tensors)."""
         slots = self.weight_slots()
         wanted = {s.name for s in slots}
-        others = {n for n in weights if ".moe.experts." in n and n not in wanted} if self.tp.world > 1 else set()
+        others = {n for n in weights if ".moe.experts." in n and n not in wanted} if self.ep.world > 1 else set()
         _check_names(wanted, set(weights) - others, self.cfg.tie_word_embeddings)  # others: other ranks' experts
         for slot in slots:
             _fill(slot, self._local(weights[slot.name], slot))
@@ -176,7 +180,7 @@ class M3ForCausalLM(nn.Module):
     @torch.no_grad()
     def init_dummy(self, seed: int = 0) -> None:
         """Random weights for benchmarking: matrices N(0, 1/fan_in), norms near neutral, never zeros."""
-        if self.tp.world > 1:  # every rank draws each full tensor from its own seed, then keeps its shard
+        if self.ep.world > 1:  # every rank draws each full tensor from its own seed, then keeps its shard
             for slot in self.weight_slots():
                 self._dummy_shard(slot, seed)
             return

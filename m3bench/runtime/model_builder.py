@@ -38,14 +38,15 @@ def kv_dtype(cfg: EngineConfig) -> KVDtype:
     return KVDtype(cfg.kv_cache_dtype.value)
 
 
-def build_model(cfg: EngineConfig, device: torch.device, tp: Any = None, model_config: Any = None):
+def build_model(cfg: EngineConfig, device: torch.device, tp: Any = None, model_config: Any = None, ep: Any = None):
     """This rank's M3ForCausalLM (`tp`: its shards only): the checkpoint's weights, or dummy ones seeded by cfg.seed.
-    `model_config`: a ModelConfig or a directory holding config.json (default: cfg.model)."""
+    `model_config`: a ModelConfig or a directory holding config.json (default: cfg.model); `ep`: the ranks the
+    routed experts split over when not tp's (attention DP)."""
     from m3bench.runtime.model import M3ForCausalLM
 
     mcfg = model_config_of(cfg, model_config)
     m = M3ForCausalLM(mcfg, dtype=torch_dtype(cfg.dtype), device=device, tp=tp,
-                      weights=linear_format_for(mcfg, cfg.weights_dtype))
+                      weights=linear_format_for(mcfg, cfg.weights_dtype), ep=ep)
     if cfg.load_format is LoadFormat.DUMMY:
         m.init_dummy(cfg.seed)
     else:

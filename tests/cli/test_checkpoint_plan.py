@@ -34,6 +34,17 @@ def test_tp1_does_not_fit_exit_1_and_json():
                                               "shared_expert", "lm_head", "eagle3_draft"}
 
 
+def test_attention_dp_keeps_attention_and_kv_heads_whole():
+    """--tp 8 --attention-dp: the experts of TP8/EP8, the attention and KV heads of TP 1."""
+    tp8, dp8, tp1 = (json.loads(_plan("--preset", "minimax-m3", "--weights", "mxfp8", "--gpu-memory-gib", "141",
+                                      "--json", *extra).stdout)
+                     for extra in (("--tp", "8"), ("--tp", "8", "--attention-dp"), ("--tp", "1")))
+    assert dp8["attention_dp"] and not tp8["attention_dp"]
+    part = lambda d, p: d["weight_bytes_by_part"][p]  # noqa: E731
+    assert part(dp8, "routed_experts") == part(tp8, "routed_experts") and part(dp8, "attention") == part(tp1, "attention")
+    assert dp8["kv_bytes_per_token"] == tp1["kv_bytes_per_token"] > tp8["kv_bytes_per_token"]
+
+
 def test_dir_reads_the_checkpoint_format(tmp_path):
     shutil.copy(FIXTURES / "vl-mxfp8.json", tmp_path / "config.json")
     r = _plan(str(tmp_path), "--tp", "8", "--gpu-memory-gib", "141", "--json", "--eagle3", "mha")
@@ -45,6 +56,7 @@ def test_dir_reads_the_checkpoint_format(tmp_path):
     ((), "give a checkpoint DIR or --preset"),
     (("--preset", "minimax-m3", "--tp", "3"), "split over"),
     (("/nonexistent-dir",), "is not a directory"),
+    (("--preset", "minimax-m3", "--tp", "8", "--attention-dp", "--ep", "4"), "leave out --ep"),
 ])
 def test_bad_input_is_exit_2(args, needle):
     r = _plan(*args)

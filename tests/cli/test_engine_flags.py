@@ -74,11 +74,12 @@ def _argv(command: str, tmp_path: Path) -> list[str]:
 
 
 BAD = [(["--device", "tpu"], "unknown device 'tpu'"), (["--tokens-per-block", "7"], "not a supported page size"),
-       (["--device", "cuda:99"], "cuda:99"), (["--dtype", "auto", "--max-batch-size", "0"], "max_batch_size")]
+       (["--device", "cuda:99"], "cuda:99"), (["--dtype", "auto", "--max-batch-size", "0"], "max_batch_size"),
+       (["--attention-dp"], "attention_dp needs tensor_parallel_size > 1")]
 
 
 @pytest.mark.parametrize("command", ENGINE_COMMANDS)
-@pytest.mark.parametrize("extra, needle", BAD, ids=["tpu", "page7", "cuda99", "batch0"])
+@pytest.mark.parametrize("extra, needle", BAD, ids=["tpu", "page7", "cuda99", "batch0", "adp-tp1"])
 def test_bad_engine_flags_are_one_line_exit_2(command, extra, needle, tmp_path):
     res = CliRunner().invoke(app, [*_argv(command, tmp_path), *extra])
     lines = res.stderr.strip().splitlines()
@@ -110,7 +111,8 @@ def test_serve_args_parse_back_to_the_same_config(tmp_path):
     cfg = EngineConfig(tmp_path, load_format="dummy", device="cpu", dtype="float32", kv_cache_dtype="fp8",
                        tokens_per_block=32, max_batch_size=7, max_num_tokens=96, num_kv_blocks=12,
                        gpu_memory_utilization=0.5, enable_prefix_caching=False, cuda_graphs=False,
-                       async_scheduling=False, attention_backend="torch", tensor_parallel_size=2, seed=5, draft=draft,
+                       async_scheduling=False, attention_backend="torch", tensor_parallel_size=2, attention_dp=True,
+                       seed=5, draft=draft,
                        draft_len=2, draft_kv="shared", synthetic_acceptance=2.5)
     ctx = _commands()["serve"].make_context("serve", serve_args(cfg))
     flags = EngineFlags(**{k: getattr(ctx.params[k], "value", ctx.params[k]) for k in FLAG_NAMES})

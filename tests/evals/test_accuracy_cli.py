@@ -100,3 +100,30 @@ def test_a_run_reads_its_data_once(tiny, tmp_path, monkeypatch):
                                  "--data-dir", str(SHARED), "--out", str(tmp_path / "out"), "--no-progress"])
     assert r.exit_code == 0, r.output
     assert len(reads) == 1 and reads[0][1] == "test"
+
+
+def test_an_attention_dp_engine_records_extra_acc_spec_and_gets_the_seeds_attention_dp_figures(tmp_path):
+    """--attention-dp is the run spec's extra_acc_spec attention_dp, so the seed's attention-DP rows match (89.95,
+    not the 90.94 of attention DP off); claiming it for an engine without it, or another key with it, is refused."""
+    from m3bench.cli.accuracy import BackendKind, Options, run_spec
+    from m3bench.cli.engine_flags import EngineFlags
+    from m3bench.evals.protocols import Task, get_protocol
+    from m3bench.evals.protocols.base import Settings
+    from m3bench.evals.references import find_accuracy_reference
+    from m3bench.runtime.errors import InputError
+
+    def spec(extra, **flags):
+        engine = EngineFlags(draft=Path("eagle"), **flags)
+        return run_spec(Options(str(tmp_path), ("gsm8k",), None, None, BackendKind.RUNTIME, None, None, False, tmp_path,
+                                None, None, None, None, "NVFP4", extra, 0, False, engine), None)
+
+    gsm8k = get_protocol(Task.GSM8K).measured_with(Settings())
+    dp, plain = spec(None, attention_dp=True, tp="4"), spec(None, tp="4")
+    assert (dp.extra_acc_spec, plain.extra_acc_spec) == ("attention_dp", None)
+    assert find_accuracy_reference("gsm8k", "nvidia/MiniMax-M3-NVFP4", dp, gsm8k).accuracy == 89.95
+    assert find_accuracy_reference("gsm8k", "nvidia/MiniMax-M3-NVFP4", plain, gsm8k).accuracy == 90.94
+    assert spec("attention_dp", attention_dp=True, tp="4") == dp
+    with pytest.raises(InputError, match="--attention-dp"):
+        spec("attention_dp", tp="4")  # the runtime engine would not be what the figure measured
+    with pytest.raises(InputError, match="not --extra-acc-spec other"):
+        spec("other", attention_dp=True, tp="4")

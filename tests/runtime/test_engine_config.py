@@ -52,6 +52,7 @@ def test_strings_parse_into_enums_and_paths():
     ({"num_kv_blocks": 0}, "num_kv_blocks"),
     ({"draft_len": 16}, "draft_len must be <= 15"),
     ({"synthetic_acceptance": 2.0}, "needs --draft"),
+    ({"attention_dp": True}, "attention_dp needs tensor_parallel_size > 1"),
 ])
 def test_bad_values_are_input_errors(changes, needle):
     with pytest.raises(InputError, match=needle):

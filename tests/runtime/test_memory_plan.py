@@ -145,3 +145,19 @@ def test_weight_format_auto_reads_the_checkpoint():
 def test_bad_settings(m3, settings, message):
     with pytest.raises(InputError, match=message):
         plan_memory(m3, settings)
+
+
+def test_attention_dp_keeps_all_but_the_routed_experts_whole(m3):
+    """Attention DP over 8 ranks: experts as at TP8/EP8, attention, dense, embeddings and KV heads as at TP 1."""
+    tp8, tp1 = plan_memory(m3, PlanSettings(tp=8)), plan_memory(m3, PlanSettings(tp=1))
+    dp = plan_memory(m3, PlanSettings(tp=8, attention_dp=True))
+    assert dp.parts["routed_experts"] == tp8.parts["routed_experts"] < tp1.parts["routed_experts"]
+    for part in ("attention", "embeddings", "dense_mlp", "shared_expert", "lm_head"):
+        assert dp.parts[part] == tp1.parts[part] > tp8.parts[part]
+    assert dp.kv_bytes_per_token == tp1.kv_bytes_per_token > tp8.kv_bytes_per_token
+    assert "attention DP 8/EP8" in dp.message()
+    from m3bench.runtime.engine_config import DeviceFacts, EngineConfig, resolve
+    from m3bench.runtime.fit_check import engine_settings
+
+    engine = resolve(EngineConfig(device="cpu", tensor_parallel_size=8, attention_dp=True), DeviceFacts(0))
+    assert engine_settings(m3, engine).attention_dp  # what LLM.from_config checks an attention-DP engine against

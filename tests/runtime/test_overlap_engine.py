@@ -1,4 +1,4 @@
-"""Overlap scheduling (runtime/overlap_engine): LLM(async_scheduling=True) gives exactly the outputs of
+"""Overlap scheduling (the step loop's overlap mode, runtime/overlap.py): LLM(async_scheduling=True) gives exactly the outputs of
 the synchronous engine, with the stop rules applied one step late (CPU, fp32, tiny random M3)."""
 
 import dataclasses
@@ -12,7 +12,6 @@ from m3bench.runtime.decode_state import PLACEHOLDER
 from m3bench.runtime.engine_config import DeviceFacts, EngineConfig, resolve
 from m3bench.runtime.llm import LLM, SamplingParams
 from m3bench.runtime.model import M3ForCausalLM
-from m3bench.runtime.overlap_engine import OverlapEngine
 from m3bench.runtime.tiny import TinySpec, m3_text_config, write_tiny_checkpoint
 
 KW = dict(kv_cache_dtype="auto", tokens_per_block=16, num_kv_blocks=64, max_batch_size=8, max_num_tokens=64)
@@ -32,7 +31,7 @@ def _pair(model, **kw):
     sync = LLM(model, **{**KW, **kw})
     sync.engine.runner.state = None
     over = LLM(model, async_scheduling=True, **{**KW, **kw})
-    assert isinstance(over.engine, OverlapEngine) and not isinstance(sync.engine, OverlapEngine)
+    assert over.engine.lands_late and not sync.engine.lands_late
     return sync, over
 
 
@@ -165,7 +164,7 @@ def test_cuda_overlap_equals_sync(graphs):
     sync = LLM(model, async_scheduling=False, **kw)
     sync.engine.runner.state = None
     over = LLM(model, async_scheduling=True, **kw)
-    assert isinstance(over.engine, OverlapEngine)
+    assert over.engine.lands_late
     params = [SamplingParams(max_tokens=n, ignore_eos=True, logprobs=1, seed=i, temperature=0.7 * (i % 2))
               for i, n in enumerate((8, 3, 6, 8, 2, 5))]
     _same(sync.generate(PROMPTS, params), over.generate(PROMPTS, params))

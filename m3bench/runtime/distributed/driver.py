@@ -1,8 +1,10 @@
-"""Rank 0's end of a tensor-parallel run: start (or join) the ranks, announce each step, stop them.
+"""Rank 0's end of a tensor-parallel run: start (or join) the ranks, send each step's inputs, stop them.
 
     driver = start_driver(world=2, spec=spec)       # None when world is 1
     driver.alloc(num_pages, P, kv_dtype)            # every rank allocates the same KV pool
-    runner = DriverRunner(driver, model, kv, bm, device)   # a ModelRunner that broadcasts first
+    runner.link = driver                            # a StepLink (runtime/rank_step.py): the runners send
+    with driver.forward(inputs, captured=False):    #   each step's inputs, then every rank runs the step
+        logits = target_logits(model, kv, inputs)
     driver.shutdown()                               # STOP, join; terminate whatever hangs
 
 Under torchrun, ranks > 0 call `start_driver` too: it serves rank 0 until STOP, then raises SystemExit(0).
@@ -26,25 +28,26 @@ from m3bench.runtime.distributed.groups import (
     rank_device,
     torchrun_rank,
 )
-from m3bench.runtime.distributed.launcher import WorkerPool
-from m3bench.runtime.distributed.mirror import send_call
+from m3bench.runtime.distributed.launcher import WorkerPool, spawn_ranks
 from m3bench.runtime.distributed.protocol import (
     Op,
-    broadcast_step,
     kv_code,
+    send_draft,
+    send_forward,
     send_header,
+    send_picks,
 )
 from m3bench.runtime.distributed.worker import WorkerSpec, agree_min, serve
-from m3bench.runtime.engine import ModelRunner
 from m3bench.runtime.errors import InputError
 from m3bench.runtime.kv_cache import KVDtype
 from m3bench.runtime.parallel import TPGroup
+from m3bench.runtime.rank_step import StepLink
 
 log = logging.getLogger(__name__)
 STOP_TIMEOUT_S = 10.0  # STOP and the group teardown, before the workers are terminated instead
 
 
-class Driver:
+class Driver(StepLink):
     def __init__(self, groups: RankGroups, pool: WorkerPool | None) -> None:
         self.groups, self.pool = groups, pool
         self.in_step = False  # a step's messages are in flight: STOP could not be heard
@@ -75,24 +78,35 @@ class Driver:
         with self.guard():
             send_header(self.groups.control, Op.ALLOC_DRAFT, (num_pages, page_size, kv_code(kv_dtype)))
 
-    def mirrored(self, callee: Any, method: Any, encoded: tuple, run: Any) -> Any:
-        """Announce a mirrored call (mirror.py), then run it here as every rank does."""
-        desc, tensors = encoded
-        tensors = [t.to(self.device) for t in tensors]  # the model group's device (NCCL: GPU tensors only)
-        self.in_step = True
-        with self.guard():
-            send_call(self.groups.control, self.tp.group, callee, method, desc, tensors)
-            out = run()
-        self.in_step = False
-        return out
-
     def agree_min(self, value: int) -> int:
         with self.guard():
             return agree_min(self.groups.control, value)
 
-    def broadcast_step(self, input_ids: torch.Tensor, meta: Any, logits_idx: torch.Tensor) -> None:
+    @contextmanager
+    def forward(self, x: Any, captured: bool) -> Iterator[None]:
+        """Send the target forward's inputs, then run it here (inside the block) as every rank does."""
+        with self.in_flight():
+            send_forward(self.groups.control, self.tp, x, captured)
+            yield
+
+    @contextmanager
+    def draft(self, d: Any) -> Iterator[None]:
+        with self.in_flight():
+            send_draft(self.groups.control, self.tp, d)
+            yield
+
+    def picks(self, tokens: torch.Tensor) -> torch.Tensor:
         with self.guard():
-            broadcast_step(self.groups.control, self.tp, input_ids, meta, logits_idx)
+            send_picks(self.tp, tokens)
+        return tokens
+
+    @contextmanager
+    def in_flight(self) -> Iterator[None]:
+        """A step's messages are in flight (a STOP now could not be heard) until the block ends without error."""
+        self.in_step = True
+        with self.guard():
+            yield
+        self.in_step = False
 
     @contextmanager
     def guard(self) -> Iterator[None]:
@@ -147,22 +161,6 @@ class Driver:
         destroy_groups(self.groups)
 
 
-class DriverRunner(ModelRunner):
-    """ModelRunner of rank 0: each step's plan goes to the other ranks, then every rank runs it."""
-
-    def __init__(self, driver: Driver, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.driver = driver
-
-    def run(self, inputs: Any, batch: Any) -> torch.Tensor:
-        self.driver.in_step = True
-        self.driver.broadcast_step(inputs.input_ids, inputs.meta, inputs.logits_idx)
-        with self.driver.guard():
-            logits = super().run(inputs, batch)
-        self.driver.in_step = False
-        return logits
-
-
 def start_driver(world: int, spec: WorkerSpec) -> Driver | None:
     """Rank 0's Driver (spawning ranks 1..world-1, or joining torchrun's); None for world 1."""
     if world < 1:
@@ -173,14 +171,7 @@ def start_driver(world: int, spec: WorkerSpec) -> Driver | None:
     launched = torchrun_rank(world)
     if launched is not None:
         return _join_torchrun(world, spec, *launched)
-    pool = WorkerPool.spawn(world, spec)
-    try:
-        pool.wait_ready()
-        groups = init_groups(0, world, pool.init_method, rank_device(spec.device, 0))
-    except BaseException:
-        pool.stop(graceful=False)
-        raise
-    return _register(Driver(groups, pool))
+    return _register(Driver(*spawn_ranks(world, spec)))
 
 
 def check_fits(spec: WorkerSpec, world: int) -> None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from m3bench.runtime.distributed.groups import RankGroups, init_groups, rank_device
 from m3bench.runtime.distributed.worker import WorkerSpec, spawned_main
 
 JOIN_TIMEOUT_S = 10.0
@@ -42,13 +43,14 @@ class WorkerPool:
         return f"file://{self.run_dir / 'rendezvous'}"
 
     @classmethod
-    def spawn(cls, world: int, spec: WorkerSpec) -> WorkerPool:
+    def spawn(cls, world: int, spec: WorkerSpec, serve_fn: Callable | None = None) -> WorkerPool:
+        """Start ranks 1..world-1; each runs `serve_fn(spec, groups)` (default: worker.serve, the TP worker)."""
         import torch.multiprocessing as mp
 
         run_dir = Path(tempfile.mkdtemp(prefix="m3bench-tp-"))
         ctx = mp.get_context("spawn")
         init = f"file://{run_dir / 'rendezvous'}"
-        procs = [ctx.Process(target=spawned_main, args=(r, world, init, spec, str(run_dir), os.getpid()),
+        procs = [ctx.Process(target=spawned_main, args=(r, world, init, spec, str(run_dir), os.getpid(), serve_fn),
                              name=f"m3bench-tp-rank{r}", daemon=True) for r in range(1, world)]
         for p in procs:
             p.start()
@@ -117,6 +119,17 @@ class WorkerPool:
                     self.on_death()
                 return
             time.sleep(WATCH_POLL_S)
+
+
+def spawn_ranks(world: int, spec: Any, serve_fn: Callable | None = None) -> tuple[RankGroups, WorkerPool]:
+    """Spawn ranks 1..world-1 (each runs serve_fn(spec, groups)) and join them as rank 0: (rank 0's groups, the pool)."""
+    pool = WorkerPool.spawn(world, spec, serve_fn)
+    try:
+        pool.wait_ready()
+        return init_groups(0, world, pool.init_method, rank_device(spec.device, 0)), pool
+    except BaseException:
+        pool.stop(graceful=False)
+        raise
 
 
 def _join_all(procs: list[Any], timeout_s: float) -> None:

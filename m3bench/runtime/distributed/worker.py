@@ -1,4 +1,9 @@
-"""Ranks > 0: build this rank's shards of the model, then replay rank 0's messages until STOP.
+"""Ranks > 0: build this rank's shards of the model, then run each step rank 0 sends until STOP.
+
+A worker holds no scheduler, block manager or sampler: each step's inputs come from rank 0 whole
+(token ids, positions, slots, block tables, logits rows; for the draft its rows and page tables), and it
+runs them with the functions rank 0's runners run (runtime/rank_step.target_logits,
+speculative/draft_step.run_draft). Its KV pools have rank 0's page count, so rank 0's slots are valid here.
 
     serve(spec, groups)        # under torchrun, from LLM(...) on ranks > 0
     spawned_main(...)          # the entry point of a worker process that m3bench spawned
@@ -25,16 +30,19 @@ from m3bench.runtime.distributed.groups import (
     init_groups,
     rank_device,
 )
-from m3bench.runtime.distributed.mirror import Callee, Method, Store, receive_call
 from m3bench.runtime.distributed.protocol import (
     KV_DTYPES,
     Op,
-    receive_step,
+    receive_draft,
+    receive_forward,
+    receive_picks,
     recv_header,
 )
 from m3bench.runtime import model_builder
 from m3bench.runtime.engine_config import EngineConfig
 from m3bench.runtime.kv_cache import KVCache
+from m3bench.runtime.rank_step import target_logits
+from m3bench.runtime.speculative.draft_step import run_draft
 
 PARENT_POLL_S = 0.5
 
@@ -69,7 +77,7 @@ def build_model(spec: WorkerSpec, groups: RankGroups) -> Any:
 def serve(spec: WorkerSpec, groups: RankGroups) -> None:
     """Build the model (and draft), then run every step rank 0 announces until it sends STOP."""
     model = build_model(spec, groups)
-    rank = RankState(model, build_draft(spec, model), groups)
+    rank = RankState(model, groups, spec)
     while True:
         op, fields = recv_header(groups.control)
         if op is Op.STOP:
@@ -77,49 +85,50 @@ def serve(spec: WorkerSpec, groups: RankGroups) -> None:
         rank.handle(op, fields)
 
 
-def build_draft(spec: WorkerSpec, model: Any) -> Any:
-    return model_builder.build_speculation(model, spec.engine)[1]  # None without a draft
-
-
 class RankState:
-    """What a worker holds between messages: its shards, KV pools and draft."""
+    """What a worker holds between messages: its shards, KV pools, draft and capture buffer."""
 
-    def __init__(self, model: Any, draft: Any, groups: RankGroups) -> None:
-        self.model, self.draft, self.groups = model, draft, groups
-        self.stores: dict[Store, Any] = {}
+    def __init__(self, model: Any, groups: RankGroups, spec: WorkerSpec) -> None:
+        self.model, self.groups, self.engine = model, groups, spec.engine
+        self.spec, self.draft = model_builder.build_speculation(model, spec.engine)  # (None, None) without a draft
+        self.kv: Any = None
+        self.draft_kv: Any = None
+        self.capture: Any = None
 
     @torch.inference_mode()
     def handle(self, op: Op, fields: list[int]) -> None:
         g, m = self.groups, self.model
         if op is Op.ALLOC:
-            self.stores.pop(Store.TARGET_KV, None)  # free the old pool first
-            self.stores[Store.TARGET_KV] = KVCache(m.cfg, fields[0], fields[1], KV_DTYPES[fields[2]], m.dtype,
-                                                   g.device, m.tp)
+            self.kv = None  # free the old pool first
+            self.kv = KVCache(m.cfg, fields[0], fields[1], KV_DTYPES[fields[2]], m.dtype, g.device, m.tp)
         elif op is Op.ALLOC_DRAFT:
-            from m3bench.runtime.speculative.setup import draft_store
-
-            self.stores[Store.DRAFT_KV] = draft_store(self.draft, fields[0], fields[1], KV_DTYPES[fields[2]],
-                                                      m.dtype, g.device)
+            self._alloc_draft(fields)
         elif op is Op.PROFILE:
             _profile(m, fields, g)
         elif op is Op.STEP:
-            self._step(receive_step(g.control, g.tp, fields, g.device))
-        elif op is Op.CALL:
-            self._call(*receive_call(g.control, g.tp.group, fields, g.device, self.stores))
+            x, captured = receive_forward(g.control, g.tp, fields, g.device)
+            target_logits(m, self._kv(), x, self.capture if captured else None)  # rank 0 samples
+        elif op is Op.DRAFT:
+            self._draft(fields)
 
-    def _step(self, step) -> None:
-        kv = self.stores.get(Store.TARGET_KV)
-        if kv is None:
+    def _kv(self) -> KVCache:
+        if self.kv is None:
             raise RuntimeError("rank 0 sent a step before the KV cache was allocated (protocol bug)")
-        hidden = self.model(step.input_ids, step.positions, step.meta, kv)
-        self.model.compute_logits(hidden[step.logits_idx])  # joins the all-gather; rank 0 samples
+        return self.kv
 
-    def _call(self, callee: Callee, method: Method, args: list[Any]) -> None:
-        module = self.model if callee is Callee.TARGET else self.draft
-        if method is Method.FORWARD:
-            module(*args)
-        else:
-            module.compute_logits(*args)
+    def _alloc_draft(self, fields: list[int]) -> None:
+        from m3bench.runtime.speculative.setup import draft_store, spec_capture
+
+        m = self.model
+        self.draft_kv = draft_store(self.draft, fields[0], fields[1], KV_DTYPES[fields[2]], m.dtype, self.groups.device)
+        self.capture = spec_capture(m, self.spec, self.draft, self.engine.max_batch_size, self.engine.max_num_tokens)
+
+    def _draft(self, fields: list[int]) -> None:
+        g = self.groups
+        d = receive_draft(g.control, g.tp, fields, g.device)
+        n = len(d.ends_host)
+        run_draft(self.draft, self.draft_kv, self.capture.buffer, d, self.spec.draft_len,
+                  lambda logits: (receive_picks(g.tp, n, g.device), None))  # rank 0 picks
 
 
 def _profile(model: Any, fields: list[int], groups: RankGroups) -> None:
@@ -139,15 +148,17 @@ def agree_min(control: Any, value: int) -> int:
     return int(t.item())
 
 
-def spawned_main(rank: int, world: int, init_method: str, spec: WorkerSpec, run_dir: str, parent_pid: int) -> None:
-    """Entry point of a spawned worker: errors go to run_dir/worker<rank>.err and exit code 1."""
+def spawned_main(rank: int, world: int, init_method: str, spec: WorkerSpec, run_dir: str, parent_pid: int,
+                 serve_fn: Any = None) -> None:
+    """Entry point of a spawned worker: errors go to run_dir/worker<rank>.err and exit code 1. `serve_fn(spec,
+    groups)` is the rank's work (default `serve`; attention DP: distributed/attention_dp.serve_rank)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is rank 0's to handle; it then stops us
     _watch_parent(parent_pid, run_dir)
     try:
         device = rank_device(spec.device, rank)
         Path(run_dir, f"worker{rank}.ready").touch()  # rank 0 joins the rendezvous once every worker got here
         groups = init_groups(rank, world, init_method, device)
-        serve(spec, groups)
+        (serve_fn or serve)(spec, groups)
         destroy_groups(groups)
     except BaseException:  # noqa: BLE001 - any failure must reach rank 0 as a message, then exit
         text = traceback.format_exc()

@@ -9,9 +9,11 @@ the shared expert is split by intermediate size. No tokens are exchanged: attent
 (not data-) parallel, so every rank already holds every token's hidden state; each runs the router
 (replicated), its own experts on the assignments routed to them (others' ids fall outside its local
 range and contribute nothing), and the one all-reduce that sums the shared expert's row-parallel
-partials also combines the experts' outputs. An all-to-all dispatch would only pay off with
-attention data parallelism, where ranks hold different tokens. On CUDA the routed experts run as one fused Triton MoE (`kernels.moe.fused_moe`:
-no host reads, CUDA-graph safe), the shared expert inside it as one more expert (`fuse_shared`); the torch path (tokens grouped by expert with a sort, counts read
+partials also combines the experts' outputs. Under attention data parallelism (`ep` given, the rest
+replicated) ranks hold different tokens: `exchange` (layers/moe_exchange.py) takes them to the experts'
+owners and back. On CUDA the routed experts run as one fused Triton MoE (`kernels.moe.fused_moe`:
+no host reads, CUDA-graph safe), the shared expert inside it as one more expert (`fuse_shared`; not
+with `exchange`); the torch path (tokens grouped by expert with a sort, counts read
 on the host) stays for CPU and float64 and is the reference. `kernel_backend` forces either one.
 Built under `linear_format(LinearFormat.MXFP8)` the experts are float8_e4m3fn with E8M0 scales
 (`w_gate_up_scale` [E, 2 I, H/32], `w_down_scale` [E, H, I/32]); under NVFP4_EXPERTS they are packed E2M1
@@ -79,16 +81,18 @@ def _expert_params(shape: tuple[int, int, int], dtype: torch.dtype, device) -> t
 
 class SparseMoe(nn.Module):
     def __init__(self, hidden: int, m: MoeConfig, act: Activation, alpha: float, limit: float,
-                 dtype: torch.dtype, device, tp: TPGroup = SINGLE):
+                 dtype: torch.dtype, device, tp: TPGroup = SINGLE, ep: TPGroup | None = None):
         super().__init__()
-        self.m, self.act, self.alpha, self.limit, self.tp = m, act, alpha, limit, tp
+        self.m, self.act, self.alpha, self.limit, self.tp, self.dtype = m, act, alpha, limit, tp, dtype
+        self.ep = ep or tp  # the ranks the routed experts are split over (attention DP: ep, with tp SINGLE)
+        self.exchange = None  # attention DP: the ExpertExchange every rank's tokens go through
         self.kernel_backend = KernelBackend.AUTO  # AUTO: fused Triton MoE on CUDA, torch elsewhere
         self.fuse_router = True  # the router epilogue follows kernel_backend (off: always torch)
         self.fuse_shared = True  # the shared expert inside the fused MoE's launches (plain weights; off: its own GEMMs)
         self.fuse_align = True  # <= 16 tokens: the router epilogue also aligns the picks for the fused MoE (one launch)
         self.fuse_router_input = True  # the post-attention add + norm also writes the router's fp32 input (no cast)
         inter = m.intermediate_size  # routed experts are whole on their rank (expert parallelism)
-        self.first_expert, local = tp.expert_range(m.num_experts)
+        self.first_expert, local = self.ep.expert_range(m.num_experts)
         rdt = compute_dtype(dtype)
         self.router_weight = nn.Parameter(torch.empty(m.num_experts, hidden, dtype=rdt, device=device), False)
         self.router_bias = (nn.Parameter(torch.empty(m.num_experts, dtype=rdt, device=device), False)
@@ -101,17 +105,19 @@ class SparseMoe(nn.Module):
 
     def forward(self, x: torch.Tensor, x_router: torch.Tensor | None = None) -> torch.Tensor:
         """x [T, H] -> [T, H]; x_router: x in the router's dtype when the caller has it (router_input)."""
-        if self.align_fusable(x):
+        if self.exchange is None and self.align_fusable(x):
             return self.tp.all_reduce(self.routed_and_aligned(x, x_router)).to(x.dtype)
         w, ids = route(x, self.router_weight, self.router_bias, self.m.top_k, self.m.routed_scaling_factor,
                        self.kernel_backend if self.fuse_router else KernelBackend.TORCH, x_router)
-        ids = ids - self.first_expert if self.first_expert else ids  # local expert ids
-        if self.shared_fusable(x):
-            y = self.fused_experts(x, w, ids, self.shared_expert())
+        local = ids - self.first_expert if self.first_expert else ids  # local expert ids
+        if self.exchange is not None:  # attention DP: every rank's tokens meet the experts' owners
+            y = self.exchange.dispatch(self, x, w, ids)
+        elif self.shared_fusable(x):
+            return self.tp.all_reduce(self.fused_experts(x, w, local, self.shared_expert())).to(x.dtype)
         else:
-            y = self.experts(x, w, ids)
-            if self.shared is not None:
-                y = y + self.shared(x).to(y.dtype)
+            y = self.experts(x, w, local)
+        if self.shared is not None:
+            y = y + self.shared(x).to(y.dtype)
         return self.tp.all_reduce(y).to(x.dtype)
 
     def align_fusable(self, x: torch.Tensor) -> bool:

@@ -1,7 +1,7 @@
 """One-model Eagle3 as the propose/verify strategy of the engine's step loop (Engine(..., spec=runner)):
 the target step with verify rows, verification, drafting.
 
-    spec = SpecRunner(model, kv, bm, draft, layout, SpecConfig(...), capture_layers, max_tokens, generator)
+    spec = SpecRunner(model, kv, bm, draft, layout, SpecConfig(...), capture, generator)
     step = spec.prepare(batch)                 # verify rows run [last token, d_1..d_K]; others as scheduled
     logits = spec.run(step, batch)             # captures the residuals at the capture layers (no sync)
     res = spec.verify(logits[:nv * (K + 1)], step)
@@ -21,6 +21,10 @@ then chain step i = 1..K-1 feeds d_i at position L' - 1 + i.
 With `graphs` set (speculative/graphs.py, LLM(cuda_graphs=True)), pure-decode target steps replay the
 captured verify forward (and its greedy verification), and the chain replays the captured K - 1 steps;
 everything else, and everything on the eager path, runs as above.
+
+Tensor parallelism: the device work is runtime/rank_step.target_logits and speculative/draft_step.run_draft,
+which every rank runs on the inputs this runner builds and hands to `link` (rank 0's Driver) first;
+verification and the draft picks are rank 0's (the picks reach the other ranks through the link).
 """
 
 from __future__ import annotations
@@ -30,7 +34,6 @@ from typing import Any
 
 import torch
 
-from m3bench.runtime.attention.metadata import AttnMetadata
 from m3bench.runtime.block_manager import BlockManager
 from m3bench.runtime.decode_state import PLACEHOLDER
 from m3bench.runtime.kv_cache import KVCache
@@ -39,10 +42,11 @@ from m3bench.runtime.scheduler import ScheduledBatch
 from m3bench.runtime.sequence import Sequence
 from m3bench.runtime.speculative.config import SpecConfig
 from m3bench.runtime.speculative.draft import Eagle3Draft
-from m3bench.runtime.speculative.draft_kv import draft_slots
+from m3bench.runtime.speculative.draft_step import DraftInputs, run_draft
 from m3bench.runtime.speculative.propose import sample_draft
 from m3bench.runtime.speculative.stats import AcceptanceRecord
 from m3bench.runtime.speculative.synthetic import SyntheticAcceptance, force_acceptance
+from m3bench.runtime.rank_step import NO_LINK, target_logits
 from m3bench.runtime.step_timing import NO_CLOCK
 from m3bench.runtime.step_rows import Row, StepInputs, StepRows
 from m3bench.runtime.speculative.verify import (
@@ -77,15 +81,13 @@ def eligible(seq: Sequence) -> bool:
 
 class SpecRunner:
     clock: Any = NO_CLOCK  # engine_builder sets the engine's StepClock (runtime/step_timing.py)
+    link: Any = NO_LINK  # tensor parallelism: rank 0's Driver, which sends each step to the other ranks
 
     def __init__(self, model: Any, kv: KVCache, bm: BlockManager, draft: Eagle3Draft, layout: Any,
-                 spec: SpecConfig, capture_layers: tuple[int, ...], max_tokens: int,
-                 generator: torch.Generator) -> None:
+                 spec: SpecConfig, capture: CaptureSpec, generator: torch.Generator) -> None:
         self.model, self.kv, self.bm, self.draft, self.layout = model, kv, bm, draft, layout
         self.K, self.spec, self.device = spec.draft_len, spec, model.device
-        buf = torch.zeros(max_tokens, len(capture_layers), model.cfg.hidden_size, dtype=model.dtype,
-                          device=model.device)
-        self.capture = CaptureSpec(tuple(capture_layers), buf)
+        self.capture = capture  # the target's residuals at the draft's capture layers (setup.spec_capture)
         self.generator = generator  # the sampler's, for unseeded requests
         al = spec.synthetic_acceptance_length
         self.synth = None if al is None else SyntheticAcceptance(al, spec.seed, model.device)
@@ -123,8 +125,8 @@ class SpecRunner:
         with self.clock.forward():
             if self.graphs is not None and self.graphs.fits_verify(step):
                 return self.graphs.run_verify(step)
-            hidden = self.model(step.input_ids, step.positions, step.meta, self.kv, self.capture)
-            return self.model.compute_logits(hidden[step.logits_idx])
+            with self.link.forward(step, captured=True):
+                return target_logits(self.model, self.kv, step, self.capture)
 
     # ---- verification --------------------------------------------------------------------------
     @torch.inference_mode()
@@ -190,40 +192,34 @@ class SpecRunner:
             self.layout.reserve(e.seq, e.end + (self.K - 1 if e.propose else 0))
         if not extends:
             return
+        d, proposing = self._draft_inputs(extends)
+        seqs = [e.seq for e in proposing]
+        with self.link.draft(d):
+            toks, q = run_draft(self.draft, self.layout.store, self.capture.buffer, d, self.K,
+                                lambda logits: self._share(self._pick(logits, seqs)), self._chain_graph(seqs, d))
+        if seqs:
+            self._store_drafts(seqs, toks, q)
+
+    def _draft_inputs(self, extends: list[Extend]) -> tuple[DraftInputs, list[Extend]]:
+        """The draft phase's inputs on the device (one host -> device copy), and the proposing requests."""
         h = _HostDraft(extends)
         max_len = max(e.end + (self.K - 1 if e.propose else 0) for e in extends)
         tables = self.layout.tables([e.seq for e in extends], max_len)
-        dev = upload_list(h.flat(), torch.int64, self.device)
-        tok, pos, trow, feat, qsl, lens, last, ends, prow = dev.split(h.sizes())
-        meta = AttnMetadata(qsl.int(), lens.int(), tables, draft_slots(tables, trow, pos, self.layout.page_size),
-                            pos, h.q_lens, h.lens)
-        out = self.draft(tok, pos, self.draft.combine_features(self.capture.buffer[feat]), meta, self.layout.store)
-        if h.proposing:
-            self._chain(h, out.hidden[last], out.feature[last], tables[prow], ends)
+        flat = upload_list(h.flat(), torch.int64, self.device)
+        ends_host = [e.end for e in h.proposing]
+        return DraftInputs.from_flat(flat, h.sizes(), tables, h.q_lens, h.lens, ends_host), h.proposing
 
-    def _chain(self, h: "_HostDraft", hidden: torch.Tensor, feature: torch.Tensor, tables: torch.Tensor,
-               ends: torch.Tensor) -> None:
-        seqs = [e.seq for e in h.proposing]
-        b = len(seqs)
-        tok, q = self._pick(self.draft.compute_logits(hidden), seqs)
-        if self.graphs is not None and self.graphs.fits_chain(b):
-            rest, rest_q = self.graphs.run_chain(tok, feature, tables, ends, [e.end for e in h.proposing],
-                                                 self._chain_sampling(seqs))
-            self._store_drafts(seqs, torch.cat((tok[:, None], rest), dim=1),
-                               None if q is None else torch.cat((q[:, None], rest_q), dim=1))
-            return
-        toks, qs = [tok], [q]
-        arange = torch.arange(b + 1, dtype=torch.int32, device=self.device)
-        for i in range(1, self.K):
-            pos = ends - 1 + i
-            slots = draft_slots(tables, arange[:b].long(), pos, self.layout.page_size)
-            meta = AttnMetadata(arange, (ends + i).int(), tables, slots, pos, [1] * b, [e.end + i for e in h.proposing])
-            out = self.draft(tok, pos, feature, meta, self.layout.store)
-            tok, q = self._pick(self.draft.compute_logits(out.hidden), seqs)
-            feature = out.feature
-            toks.append(tok)
-            qs.append(q)
-        self._store_drafts(seqs, torch.stack(toks, dim=1), torch.stack(qs, dim=1) if qs[0] is not None else None)
+    def _share(self, picked: tuple[torch.Tensor, torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A chain step's draft tokens go to the other tensor-parallel ranks (their next input)."""
+        return self.link.picks(picked[0]), picked[1]
+
+    def _chain_graph(self, seqs: list[Sequence], d: DraftInputs):
+        """The captured chain steps for this phase's proposing rows, or None (eager)."""
+        if self.graphs is None or not self.graphs.fits_chain(len(seqs)):
+            return None
+        sampling = self._chain_sampling(seqs)
+        return lambda tok, feature, tables, ends: self.graphs.run_chain(tok, feature, tables, ends, d.ends_host,
+                                                                        sampling)
 
     def _store_drafts(self, seqs: list[Sequence], toks: torch.Tensor, probs: torch.Tensor | None) -> None:
         if self.drafts_on_device:  # no sync: the next step schedules and builds while the chain runs

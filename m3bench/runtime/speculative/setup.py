@@ -88,6 +88,18 @@ def make_layout(spec: SpecConfig, draft: Eagle3Draft, kv: Any, bm: Any, max_batc
                            reserved=int(graphs))
 
 
+def spec_capture(model: Any, spec: SpecConfig, draft: Eagle3Draft, max_batch_size: int, max_num_tokens: int):
+    """The buffer the target's residuals at the draft's capture layers land in, for the largest step (its
+    tokens and every request's verify row); every tensor-parallel rank holds one (the residual stream is
+    the same on all of them)."""
+    from m3bench.runtime.model import CaptureSpec
+
+    layers = spec.resolved_capture_layers(model.cfg.num_layers, draft.cfg)
+    capacity = max_num_tokens + max_batch_size * (spec.draft_len + 1)
+    buf = torch.zeros(capacity, len(layers), model.cfg.hidden_size, dtype=model.dtype, device=model.device)
+    return CaptureSpec(tuple(layers), buf)
+
+
 def build_spec_engine(model, kv, bm, scheduler, sampler, tokenizer, eos_ids, max_model_len: int, spec: SpecConfig,
                       draft: Eagle3Draft, max_batch_size: int, max_num_tokens: int, graphs: bool = False,
                       overlap: bool = False):
@@ -97,17 +109,15 @@ def build_spec_engine(model, kv, bm, scheduler, sampler, tokenizer, eos_ids, max
     from m3bench.runtime.engine import Engine, ModelRunner
     from m3bench.runtime.speculative.runner import SpecRunner
 
-    layers = spec.resolved_capture_layers(model.cfg.num_layers, draft.cfg)
     layout = make_layout(spec, draft, kv, bm, max_batch_size, graphs)
     scheduler.lookahead_tokens, scheduler.draft_tokens = lookahead_tokens(spec), spec.draft_len
-    capacity = max_num_tokens + max_batch_size * (spec.draft_len + 1)
-    runner = SpecRunner(model, kv, bm, draft, layout, spec, layers, capacity, sampler.generator)
-    runner.drafts_on_device = overlap
+    capture = spec_capture(model, spec, draft, max_batch_size, max_num_tokens)
+    runner = SpecRunner(model, kv, bm, draft, layout, spec, capture, sampler.generator)
     bm.on_free.append(runner.release)
     if graphs:
         runner.graphs = capture_spec_graphs(runner, bm.num_blocks, max_batch_size)
     return Engine(ModelRunner(model, kv, bm, model.device), scheduler, sampler, tokenizer, eos_ids, max_model_len,
-                  spec=runner)
+                  spec=runner, overlap=overlap)
 
 
 def capture_spec_graphs(runner: Any, scratch_page: int, max_batch_size: int):

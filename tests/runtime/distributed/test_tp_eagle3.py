@@ -1,6 +1,6 @@
 """Eagle3 speculative decoding at TP 2 on CPU, both draft-KV layouts: the draft (vocab-parallel
-embedding, column/row-parallel layer) runs on both ranks through mirrored calls; the outputs, every
-step's draft proposals and the acceptance counts equal TP 1's."""
+embedding, column/row-parallel layer) runs on both ranks from the inputs rank 0 sends
+(draft_step.run_draft); the outputs, every step's draft proposals and the acceptance counts equal TP 1's."""
 
 from __future__ import annotations
 

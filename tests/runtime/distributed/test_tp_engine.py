@@ -1,6 +1,7 @@
 """LLM(tensor_parallel_size=2) on CPU (rank 1 spawned, gloo) gives what TP 1 gives: greedy tokens,
 logprobs and scores within fp32 tolerance, with MSA selection active, MoE under expert
-parallelism, prefix caching and preemption (rank 1's KV mirrors rank 0's pages)."""
+parallelism, prefix caching and preemption (rank 1's KV pool has rank 0's pages; it writes the slots
+rank 0 chose)."""
 
 from __future__ import annotations
 
@@ -106,3 +107,15 @@ def test_a_shut_down_llm_says_so(ckpt):
     with pytest.raises(RuntimeError, match="shut down"):
         llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2))
     assert not torch.distributed.is_initialized()
+
+
+def test_rank0_runs_the_tp1_runner_with_a_link(pair):
+    """No stand-ins: rank 0's runner is TP 1's ModelRunner; its link (the Driver) sends each step's inputs."""
+    from m3bench.runtime.distributed.driver import Driver
+    from m3bench.runtime.engine import ModelRunner
+    from m3bench.runtime.rank_step import NO_LINK
+
+    one, two = pair
+    assert type(two.engine.runner) is type(one.engine.runner) is ModelRunner
+    assert one.engine.runner.link is NO_LINK and isinstance(two.engine.runner.link, Driver)
+    assert type(two.model) is type(one.model)
