@@ -68,6 +68,8 @@ class DecoderLayer(nn.Module):
         kb = kernel_backend_of(backend)
         x_router = self.mlp.router_input(a, kb) if isinstance(self.mlp, SparseMoe) else None
         h, y = self.post_attn_norm.add_forward(h, a, kb, x_router)  # residual add + norm fused (+ router input)
+        if not isinstance(self.mlp, SparseMoe):
+            return h, self.mlp(y, kb)  # the dense MLP's activation follows the fused ops too
         return h, self.mlp(y) if x_router is None else self.mlp(y, x_router)
 
     def slots(self, prefix: str) -> list[WeightSlot]:

@@ -33,7 +33,7 @@ from m3bench.runtime.kernels.backend import (
 )
 from m3bench.runtime.kernels.reference import MoeActivation
 
-_ACT_CODE = {MoeActivation.SWIGLUOAI: 0, MoeActivation.SILU: 1}
+ACT_CODE = {MoeActivation.SWIGLUOAI: 0, MoeActivation.SILU: 1}
 
 
 @dataclass(frozen=True)
@@ -328,7 +328,7 @@ def _launch_gate_up(x, wg, wu, inter, sorted_ids, block_expert, n_post, top_k, a
         n_routed, ws.w_gate, ws.w_up, ws.w_gate.stride(-2), ws.w_up.stride(-2), part,
         part.stride(0) if split > 1 else 0, part.stride(1) if split > 1 else 0,
         H=hidden, I=n_inter, TOPK=top_k, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
-        BLOCK_K=tiles.block_k, ACT=_ACT_CODE[act], F32=x.dtype == torch.float32 or interpreting(),
+        BLOCK_K=tiles.block_k, ACT=ACT_CODE[act], F32=x.dtype == torch.float32 or interpreting(),
         FMT=_fmt_code(scales), SHARED=shared is not None, E_R=wg.shape[0] if shared is not None else -1,
         I_S=shared.inter if shared is not None else 0, SPLIT=split,
         SPLIT_R=tiles.split_k_routed if split > 1 else 1, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
@@ -354,7 +354,7 @@ def _launch_act(part, inter, sorted_ids, block_expert, n_post, n_all, act, alpha
     moe_act_kernel[(block_expert.shape[0], math.ceil(n_inter / block_n))](
         part, inter, sorted_ids, block_expert, n_post, n_all, alpha, limit, part.stride(0), part.stride(1),
         inter.stride(0), I=n_inter, I_S=i_shared, E_R=n_exp, SPLIT=tiles.split_k, SPLIT_R=tiles.split_k_routed,
-        BLOCK_M=tiles.block_m, BLOCK_N=block_n, ACT=_ACT_CODE[act], num_warps=4,
+        BLOCK_M=tiles.block_m, BLOCK_N=block_n, ACT=ACT_CODE[act], num_warps=4,
     )
 
 

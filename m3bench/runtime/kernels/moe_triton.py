@@ -56,7 +56,7 @@ def align_pairs(ids, pairs, marker, start, sorted_ptr, block_expert_ptr, E: tl.c
 
 
 @triton.jit
-def _activation(g, u, alpha, limit, ACT: tl.constexpr):
+def gated_activation(g, u, alpha, limit, ACT: tl.constexpr):
     """ACT 0 swigluoai: g=min(g, L), u=clamp(u, -L, L), g*sigmoid(alpha g)*(u+1); 1 silu(g)*u."""
     if ACT == 0:
         g = tl.minimum(g, limit)
@@ -154,7 +154,7 @@ def moe_gate_up_kernel(
         tl.store(part, acc_g, mask=row_ok[:, None] & n_ok[None, :])
         tl.store(part + I, acc_u, mask=row_ok[:, None] & n_ok[None, :])
     else:
-        h = _activation(acc_g, acc_u, alpha, limit, ACT)
+        h = gated_activation(acc_g, acc_u, alpha, limit, ACT)
         out = inter_ptr + slots[:, None].to(tl.int64) * s_it + n[None, :]
         tl.store(out, h.to(inter_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
 
@@ -181,7 +181,7 @@ def moe_act_kernel(
     for k in range(0, tl.where(e == E_R, SPLIT, SPLIT_R)):
         g += tl.load(rows + k * s_pk, mask=mask, other=0.0)
         u += tl.load(rows + k * s_pk + I, mask=mask, other=0.0)
-    h = _activation(g, u, alpha, limit, ACT)
+    h = gated_activation(g, u, alpha, limit, ACT)
     tl.store(inter_ptr + slots[:, None].to(tl.int64) * s_it + n[None, :], h.to(inter_ptr.dtype.element_ty), mask=mask)
 
 

@@ -10,7 +10,7 @@ from m3bench.runtime.attention.torch_backend import TorchBackend
 from m3bench.runtime.attention.triton_backend import TritonBackend
 from m3bench.runtime.kernels.backend import KernelBackend
 from m3bench.runtime.kv_cache import KVCache, KVDtype
-from m3bench.runtime.layers import attention, moe, norm
+from m3bench.runtime.layers import attention, mlp, moe, norm
 from m3bench.runtime.model import M3ForCausalLM
 
 from .tiny_cfg import tiny_config
@@ -34,6 +34,7 @@ def _forward(backend, fuse_router, monkeypatch, fuse_branches=True):
     _counting(monkeypatch, attention, "norm_rope_write_pair", calls)
     _counting(monkeypatch, norm, "add_rms_norm_fused", calls)
     _counting(monkeypatch, moe, "router_topk", calls)
+    _counting(monkeypatch, mlp, "gated_act", calls)
     m = M3ForCausalLM(tiny_config(), dtype=torch.float32, backend=backend)
     m.init_dummy(5)
     m.layers[1].mlp.kernel_backend = KernelBackend.TRITON
@@ -53,8 +54,10 @@ def test_fused_ops_run_on_the_triton_backend_only(monkeypatch):
     ref, n_ref = _forward(TorchBackend(), False, monkeypatch)
     apart, n_apart = _forward(TritonBackend(), True, monkeypatch, fuse_branches=False)
     # 2 layers: norm/RoPE launches dense 1, MSA 1 for both branches (2 apart), 4 add + norm (2 a layer), 1 router
-    assert n_fused == {"norm_rope_write": 1, "norm_rope_write_pair": 1, "add_rms_norm_fused": 4, "router_topk": 1}
-    assert n_apart == {"norm_rope_write": 3, "add_rms_norm_fused": 4, "router_topk": 1}
+    fused_act = {"gated_act": 1}  # the dense layer's activation
+    assert n_fused == {"norm_rope_write": 1, "norm_rope_write_pair": 1, "add_rms_norm_fused": 4, "router_topk": 1,
+                       **fused_act}
+    assert n_apart == {"norm_rope_write": 3, "add_rms_norm_fused": 4, "router_topk": 1, **fused_act}
     assert torch.equal(fused, apart)
     assert n_plain == {} and n_ref == {}
     assert torch.allclose(fused, plain, atol=1e-5, rtol=1e-5), (fused - plain).abs().max()

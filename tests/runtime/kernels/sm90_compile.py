@@ -20,6 +20,7 @@ from triton.compiler import ASTSource
 from m3bench.runtime.kernels import (
     add_norm_triton,
     attention_triton,
+    gated_act_triton,
     kv_write_triton,
     moe_triton,
     msa_index_triton,
@@ -74,7 +75,7 @@ def compile_launch(fn, args, kwargs):
 
 def record_all(q_lens):
     for mod in (attention_triton, msa_index_triton, moe_triton, kv_write_triton, mxfp8_triton, router_triton,
-                add_norm_triton, norm_rope_triton):
+                add_norm_triton, norm_rope_triton, gated_act_triton):
         for name in dir(mod):
             if isinstance(getattr(mod, name), triton.JITFunction) and name.endswith("_kernel"):
                 setattr(mod, name, Recorder(getattr(mod, name)))
@@ -158,6 +159,10 @@ def record_fused(caches, x3):
     h = torch.randn(64, 6144).to(torch.bfloat16)
     add_rms_norm_fused(h, h, torch.zeros(6144, dtype=torch.bfloat16), 1e-6, True)
     add_rms_norm_fused(h, h, torch.zeros(6144, dtype=torch.bfloat16), 1e-6, True, y32_out=torch.empty(64, 6144))
+    from m3bench.runtime.kernels.gated_act import gated_act
+    from m3bench.runtime.kernels.reference import MoeActivation
+
+    gated_act(torch.randn(64, 2 * 1536).to(torch.bfloat16), MoeActivation.SWIGLUOAI, 1.702, 7.0)  # dense MLP, TP8
     d, y = 128, torch.randn(4, 15 * 128).to(torch.bfloat16)
     cos = sin = torch.randn(4, 32)
     slots, w = torch.arange(4), torch.zeros(d, dtype=torch.bfloat16)
