@@ -85,7 +85,23 @@ def check_components(s: M3Shapes, dev: torch.device, tiny: bool) -> list[dict]:
 
     w, ids = route(x, moe.router_weight, moe.router_bias, moe.m.top_k, moe.m.routed_scaling_factor)
     rows.append(_check_row("bf16 fused MoE (37 tokens)", _rel(moe.fused_experts(x, w, ids), moe.torch_experts(x, w, ids)), 2e-2))
+    for n in (1, 37):  # the whole MoE layer: shared expert inside (split-K at 1 token), router aligning (<= 16)
+        rows.append(_check_row(f"bf16 MoE layer, shared expert inside ({n} tokens)", _moe_layer_err(moe, x[:n]), 2e-2))
     return rows
+
+
+def _moe_layer_err(moe, x: torch.Tensor) -> float:
+    """The MoE layer's fast path (Triton kernels) against its torch path on the same input."""
+    from m3bench.runtime.kernels.backend import KernelBackend
+
+    kb = moe.kernel_backend
+    try:
+        moe.kernel_backend = KernelBackend.TRITON
+        fast = moe(x)
+        moe.kernel_backend = KernelBackend.TORCH
+        return _rel(fast, moe(x))
+    finally:
+        moe.kernel_backend = kb
 
 
 def check_engine_graphs(dev: torch.device) -> dict:

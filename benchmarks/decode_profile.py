@@ -23,7 +23,7 @@ class KernelRow:
 @dataclass(frozen=True)
 class PartProfile:
     part: str  # "dense layer", "MSA+MoE layer (realistic)", "head"
-    variant: str  # "fused" (this fast path) or "unfused" (the fast path before the fused ops)
+    variant: str  # the decode_setup.OpsSet value it ran with ("unfused", "fused-v1", "fused")
     batch: int
     context: int
     kernels: tuple[KernelRow, ...]
@@ -106,3 +106,24 @@ def profile_lines(parts: list[PartProfile], timed: bool) -> list[str]:
         for k in p.kernels:
             lines.append(f"  {k.count:8.1f} {k.us:9.1f}  {k.name[:110]}" if timed else f"  {k.count:5.1f}  {k.name[:110]}")
     return lines
+
+
+def profile_summary(parts: list[PartProfile], layers: int, dense_layers: int) -> list[str]:
+    """One line per (batch, part, ops set): launches and device us per call, and the step they add up
+    to (dense layers x dense + the rest x MSA+MoE (realistic) + head)."""
+    lines = [f"{'batch':>5} {'ops':>8} {'part':<28} {'launches':>8} {'us':>9}"]
+    for p in parts:
+        lines.append(f"{p.batch:>5} {p.variant:>8} {p.part:<28} {p.launches:>8.0f} {p.us:>9.1f}")
+    for (b, v), ps in _by_batch_variant(parts).items():
+        est = dense_layers * ps["dense layer"].us + (layers - dense_layers) * ps["MSA+MoE layer (realistic)"].us
+        est += ps["head"].us
+        lines.append(f"B={b} {v}: {layers}-layer step from the profile (realistic) {est / 1e3:.3f} ms "
+                     f"(eager kernels, no launch gaps)")
+    return lines
+
+
+def _by_batch_variant(parts: list[PartProfile]) -> dict:
+    out: dict = {}
+    for p in parts:
+        out.setdefault((p.batch, p.variant), {})[p.part] = p
+    return out

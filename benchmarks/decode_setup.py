@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from enum import Enum
 
 import torch
 from decode_floor import M3Shapes, layer_kinds, pages_per_seq
@@ -159,16 +160,32 @@ def decode_meta(s: M3Shapes, B: int, ctx: int, dev: torch.device):
                         slot_mapping=slots, positions=pos, query_lens_host=[1] * B, seq_lens_host=[ctx + 1] * B)
 
 
-def set_fused_ops(model, on: bool) -> None:
-    """The fused norm + RoPE + KV write, add + norm and router epilogue on the Triton backend (on), or
-    the fast path as it was before them (off: Triton attention + fused MoE, those ops in torch)."""
+class OpsSet(Enum):
+    """Which fused ops the Triton fast path runs (the before / after sets of the benchmark)."""
+
+    UNFUSED = "unfused"  # Triton attention + fused routed MoE only, the rest in torch
+    FUSED_V1 = "fused-v1"  # + norm/RoPE/KV write, residual add + norm, router epilogue (main before issue 12b)
+    FUSED = "fused"  # + the shared expert inside the fused MoE (split-K for skinny batches), the router's
+    #                  kernel aligning the picks (<= 16 tokens), the post-attention norm writing the router's
+    #                  fp32 input, both norm/RoPE branches of an MSA layer in one launch, the dense MLP's
+    #                  activation in one launch; fp16 FP8/NVFP4 KV
+    #                  tiles are always on (no switch)
+
+
+def set_ops(model, ops: OpsSet) -> None:
+    """Switch the model's fast path to the fused ops of `ops` (TritonBackend.fuse_ops, SparseMoe's
+    fuse_router / fuse_shared / fuse_align / fuse_router_input, Attention.fuse_branches, GatedMLP.fuse_act)."""
     from m3bench.runtime.layers.moe import SparseMoe
 
     if hasattr(model.backend, "fuse_ops"):
-        model.backend.fuse_ops = on
+        model.backend.fuse_ops = ops is not OpsSet.UNFUSED
     for layer in model.layers:
+        layer.attn.fuse_branches = ops is OpsSet.FUSED
+        if hasattr(layer.mlp, "fuse_act"):  # the dense MLP
+            layer.mlp.fuse_act = ops is OpsSet.FUSED
         if isinstance(layer.mlp, SparseMoe):
-            layer.mlp.fuse_router = on
+            layer.mlp.fuse_router = ops is not OpsSet.UNFUSED
+            layer.mlp.fuse_shared = layer.mlp.fuse_align = layer.mlp.fuse_router_input = ops is OpsSet.FUSED
 
 
 def set_fast_path(model, on: bool) -> None:

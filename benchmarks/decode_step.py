@@ -70,7 +70,8 @@ from decode_setup import (
     qwen_config,
     rank_model,
     replay_ms,
-    set_fused_ops,
+    OpsSet,
+    set_ops,
     sync,
 )
 
@@ -91,7 +92,7 @@ class Plan:
     hf_m3_steps: int
     baseline_shapes: M3Shapes = M3Shapes()  # transformers' M3: world-1 per-GPU shapes
     routings: tuple[Routing, ...] = (Routing.REALISTIC, Routing.ALL_LOCAL)
-    unfused: bool = False  # --unfused: the fast path before the fused norm/RoPE/KV-write, add+norm, router
+    ops_sets: tuple[str, ...] = (OpsSet.FUSED.value,)  # OpsSet values timed side by side (--ops-sets)
 
 
 def build_rank(plan: Plan, dev: torch.device):
@@ -113,16 +114,16 @@ def build_rank(plan: Plan, dev: torch.device):
 
 def our_m3_steps(plan: Plan, dev: torch.device) -> list[dict]:
     model, kv = build_rank(plan, dev)
-    set_fused_ops(model, not plan.unfused)
     rows = []
     for ctx in plan.contexts:
         for B in plan.batches:
-            for routing in plan.routings:
+            for routing, ops in ((r, o) for r in plan.routings for o in plan.ops_sets):
                 try:
                     set_routing(model, routing)
-                    rows.append(_one_config(plan, model, kv, B, ctx, routing, dev))
+                    set_ops(model, OpsSet(ops))
+                    rows.append({**_one_config(plan, model, kv, B, ctx, routing, dev), "ops": ops})
                 except Exception as e:  # noqa: BLE001 - record it, keep the other configurations
-                    rows.append({"batch": B, "context": ctx, "routing": routing.value,
+                    rows.append({"batch": B, "context": ctx, "routing": routing.value, "ops": ops,
                                  "error": f"{type(e).__name__}: {str(e)[:300]}"})
                     print(f"  B={B} ctx={ctx} {routing.value} FAILED: {rows[-1]['error']}", flush=True)
                     _free(dev)
@@ -154,7 +155,7 @@ def _one_config(plan: Plan, model, kv, B: int, ctx: int, routing: Routing, dev: 
 
 
 def _row_line(r: dict) -> str:
-    return (f"  B={r['batch']:<3} ctx={r['context']:<6} {r['routing']:<9} step {r['step_ms']:8.3f} ms  floor "
+    return (f"  B={r['batch']:<3} ctx={r['context']:<6} {r['routing']:<9} {r['ops']:<8} step {r['step_ms']:8.3f} ms  floor "
             f"{r['floor_ms']:7.3f} ms  of floor {r['achieved_over_floor']:6.1%}  local picks/token "
             f"{r['local_picks_per_token']:.2f}{'' if r['cuda_graph'] else '  (no graph)'}")
 
@@ -261,7 +262,8 @@ def _hf_m3_case(model, s: M3Shapes, B: int, ctx: int, steps: int, dev: torch.dev
 # ---- plan, table, main ----------------------------------------------------------------------------
 
 def make_plan(args, on_gpu: bool) -> Plan:
-    return replace(_base_plan(args), unfused=args.unfused)
+    ops = (OpsSet.UNFUSED.value,) if args.unfused else tuple(args.ops_sets or (OpsSet.FUSED.value,))
+    return replace(_base_plan(args), ops_sets=ops)
 
 
 def _base_plan(args) -> Plan:
@@ -285,9 +287,9 @@ def table(res: dict) -> str:
             f"{sh['index_heads']} index heads (replicated), router over {sh['experts'] * sh['world']} experts of "
             f"which {sh['experts']} local, top-{sh['top_k']}, vocab {sh['vocab']}; bf16 weights, FP8 KV, page "
             f"{sh['page']}, top-{sh['topk_blocks']} blocks; CUDA graphs; no all-reduces; "
-            f"{'UNFUSED ops (the fast path before them)' if res['plan'].get('unfused') else 'fused ops'}; "
+            f"ops sets {', '.join(res['plan']['ops_sets'])} (decode_setup.OpsSet); "
             f"floor = bytes / 4.3 TB/s for the routing that ran")
-    cols = (f"{'batch':>5} {'ctx':>6} {'routing':>9} {'picks':>5} {'exp/L':>5} {'step ms':>9} {'floor ms':>9} "
+    cols = (f"{'batch':>5} {'ctx':>6} {'routing':>9} {'ops':>8} {'picks':>5} {'exp/L':>5} {'step ms':>9} {'floor ms':>9} "
             f"{'of floor':>8} {'us/layer':>8} {'tok/s':>8} {'W GB':>6} {'KV GB':>6} {'idx GB':>6}")
     lines = [head, cols]
     for r in res.get("check_model", []):
@@ -298,6 +300,7 @@ def table(res: dict) -> str:
         lines.insert(0, f"check engine + CUDA graphs: {e['identical']}/{e['total']} greedy sequences identical")
     for r in res["m3"]:
         lines.append(_table_row(r))
+    lines += ops_comparison(res["m3"], res["layers"])
     if res["m3"]:
         lines.append(f"picks = local expert picks per token (of {sh['top_k']}), exp/L = distinct local experts read "
                      f"per MoE layer; vLLM anchor (8 x H200, TP8, conc. 4, all-reduces included): "
@@ -323,10 +326,30 @@ def table(res: dict) -> str:
     return "\n".join(lines)
 
 
+def ops_comparison(rows: list[dict], layers: int) -> list[str]:
+    """Before / after per (batch, context, routing) when several ops sets ran: step ms of each set,
+    the last set's us per layer and share of the floor, and its speed-up over the first set."""
+    sets = list(dict.fromkeys(r["ops"] for r in rows if "error" not in r))
+    if len(sets) < 2:
+        return []
+    by = {(r["batch"], r["context"], r["routing"], r["ops"]): r for r in rows if "error" not in r}
+    out = [f"{'batch':>5} {'ctx':>6} {'routing':>9} " + " ".join(f"{o + ' ms':>12}" for o in sets)
+           + f" {'us/layer':>8} {'of floor':>8} {'speed-up':>8}"]
+    for b, c, rt in dict.fromkeys((r["batch"], r["context"], r["routing"]) for r in rows):
+        got = [by.get((b, c, rt, o)) for o in sets]
+        if any(g is None for g in got):
+            continue
+        last = got[-1]
+        out.append(f"{b:>5} {c:>6} {rt:>9} " + " ".join(f"{g['step_ms']:>12.3f}" for g in got)
+                   + f" {last['step_ms'] / layers * 1e3:>8.1f} {last['achieved_over_floor']:>8.1%}"
+                   + f" {got[0]['step_ms'] / last['step_ms']:>7.2f}x")
+    return out
+
+
 def _table_row(r: dict) -> str:
     if "error" in r:
-        return f"{r['batch']:>5} {r['context']:>6} {r.get('routing', ''):>9} FAILED {r['error'][:100]}"
-    return (f"{r['batch']:>5} {r['context']:>6} {r['routing']:>9} {r['local_picks_per_token']:>5.2f} "
+        return f"{r['batch']:>5} {r['context']:>6} {r.get('routing', ''):>9} {r.get('ops', ''):>8} FAILED {r['error'][:100]}"
+    return (f"{r['batch']:>5} {r['context']:>6} {r['routing']:>9} {r['ops']:>8} {r['local_picks_per_token']:>5.2f} "
             f"{r['experts_per_layer']:>5.1f} {r['step_ms']:>9.3f} {r['floor_ms']:>9.3f} {r['achieved_over_floor']:>8.1%} "
             f"{r['us_per_layer']:>8.1f} {r['tokens_per_s']:>8.0f} {r['weights_gb']:>6.2f} {r['kv_gb']:>6.2f} "
             f"{r['index_gb']:>6.2f}{'' if r['cuda_graph'] else ' (eager, no graph)'}")
@@ -355,8 +378,10 @@ def parse_args(argv: list[str] | None):
     ap.add_argument("--batches", type=int, nargs="+", default=None, help="batch sizes (default 1 4 16 64)")
     ap.add_argument("--contexts", type=int, nargs="+", default=None, help="contexts (default 1024 8192)")
     ap.add_argument("--profile", action="store_true", help="kernels per layer (torch profiler), then exit")
-    ap.add_argument("--unfused", action="store_true",
-                    help="time the fast path without the fused norm/RoPE/KV-write, add+norm and router (before)")
+    ap.add_argument("--full-layers", type=int, default=None, help="--profile: layers of the step it sums to (60)")
+    ap.add_argument("--unfused", action="store_true", help="same as --ops-sets unfused (the fast path before any fusion)")
+    ap.add_argument("--ops-sets", nargs="+", choices=[o.value for o in OpsSet], default=None,
+                    help="fused-op sets to time side by side on one model (default: fused; --profile: all)")
     ap.add_argument("--quick", action="store_true", help="~1 minute smoke run on the GPU")
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on CPU (Triton interpreted, no graphs)")
     ap.add_argument("--check-only", action="store_true", help="only the fast-path correctness checks")
@@ -367,18 +392,20 @@ def parse_args(argv: list[str] | None):
 
 def run_profile(plan: Plan, dev: torch.device, args, res: dict) -> None:
     """--profile: kernels per layer at batch 1 and 64 (CPU: the smoke plan's batches), one context."""
-    from decode_profile import profile_lines, profile_rank
+    from decode_profile import profile_lines, profile_rank, profile_summary
 
     model, kv = build_rank(plan, dev)
     batches = tuple(args.batches or ((1, 2) if args.cpu_smoke else (1, 64)))
     ctx = (args.contexts or [40 if args.cpu_smoke else 8192])[0]
     parts = []
-    for fused in (True, False) if hasattr(model.backend, "fuse_ops") else (True,):  # after, before
-        set_fused_ops(model, fused)
-        parts += profile_rank(model, kv, plan.shapes, batches, ctx, dev, 2 if args.cpu_smoke else 10,
-                              "fused" if fused else "unfused")
+    sets = (args.ops_sets or [o.value for o in OpsSet]) if hasattr(model.backend, "fuse_ops") else ["fused"]
+    for ops in sets:  # before ... after
+        set_ops(model, OpsSet(ops))
+        parts += profile_rank(model, kv, plan.shapes, batches, ctx, dev, 2 if args.cpu_smoke else 10, ops)
     res["profile"] = [asdict(p) for p in parts]
     print("\n".join(profile_lines(parts, timed=dev.type == "cuda")), flush=True)
+    full = (TINY_RANK if args.cpu_smoke else RANK)
+    print("\n".join(profile_summary(parts, args.full_layers or 60, full.dense_layers)), flush=True)
 
 
 def run_checks(plan: Plan, dev: torch.device, tiny: bool, res: dict) -> bool:
@@ -389,7 +416,7 @@ def run_checks(plan: Plan, dev: torch.device, tiny: bool, res: dict) -> bool:
     res["check_engine"] = _guard("check_engine", lambda: check_engine_graphs(dev), res) or {}
     _free(dev)
     oks = [r["ok"] for r in res["check_model"]] + [res["check_engine"].get("ok", False)]
-    return len(res["check_model"]) == 4 and all(oks)
+    return len(res["check_model"]) == 6 and all(oks)
 
 
 def run_timings(plan: Plan, dev: torch.device, args, res: dict) -> None:

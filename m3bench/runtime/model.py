@@ -65,8 +65,12 @@ class DecoderLayer(nn.Module):
         """h: the residual stream at the layer's input, x: input_norm(h) -> (the stream after attention,
         the MLP's output); the caller adds the two (fused with the next norm on the Triton backend)."""
         a = self.attn(x, cos, sin, meta, kv, backend)
-        h, y = self.post_attn_norm.add_forward(h, a, kernel_backend_of(backend))  # residual add + norm fused
-        return h, self.mlp(y)
+        kb = kernel_backend_of(backend)
+        x_router = self.mlp.router_input(a, kb) if isinstance(self.mlp, SparseMoe) else None
+        h, y = self.post_attn_norm.add_forward(h, a, kb, x_router)  # residual add + norm fused (+ router input)
+        if not isinstance(self.mlp, SparseMoe):
+            return h, self.mlp(y, kb)  # the dense MLP's activation follows the fused ops too
+        return h, self.mlp(y) if x_router is None else self.mlp(y, x_router)
 
     def slots(self, prefix: str) -> list[WeightSlot]:
         return [WeightSlot(f"{prefix}input_norm.weight", self.input_norm.weight, None),

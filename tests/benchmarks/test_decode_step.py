@@ -186,3 +186,18 @@ def test_cpu_smoke_profile_counts_ops_per_layer(ds, tmp_path, monkeypatch, capsy
         if p["part"] == "head":
             assert ops["aten::linear"] == 1  # the logits
     assert "torch ops (counts only: CPU) per call" in capsys.readouterr().out
+
+
+def test_ops_sets_compare_before_and_after(ds):
+    def row(b, rt, ops, ms):
+        return {"batch": b, "context": 8192, "routing": rt, "ops": ops, "step_ms": ms, "achieved_over_floor": 1 / ms}
+    rows = [row(1, "realistic", "fused-v1", 6.0), row(1, "realistic", "fused", 4.0),
+            row(64, "realistic", "fused-v1", 30.0), {"batch": 64, "context": 8192, "routing": "realistic",
+                                                     "ops": "fused", "error": "OOM"}]
+    lines = ds.ops_comparison(rows, 60)
+    assert len(lines) == 2 and "fused-v1 ms" in lines[0]  # B=64 lacks its after row: left out
+    assert lines[1].split()[:5] == ["1", "8192", "realistic", "6.000", "4.000"] and lines[1].endswith("1.50x")
+    assert ds.ops_comparison(rows[:1], 60) == []
+    plan = ds.make_plan(ds.parse_args(["--quick", "--ops-sets", "unfused", "fused"]), True)
+    assert plan.ops_sets == ("unfused", "fused")
+    assert ds.make_plan(ds.parse_args(["--quick", "--unfused"]), True).ops_sets == ("unfused",)

@@ -2,6 +2,7 @@
 The torch reference is `layers.norm.add_rms_norm`'s torch path (residual + x, then rms_norm).
 
     h, y = add_rms_norm_fused(residual, x, weight, eps, gemma=True)   # [T, H] each
+    h, y = add_rms_norm_fused(residual, x, weight, eps, True, y32_out=buf)  # buf: y widened to fp32 too
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ def add_norm_supported(residual: torch.Tensor, x: torch.Tensor) -> bool:
 
 
 def add_rms_norm_fused(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool,
-                       out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       out: tuple[torch.Tensor, torch.Tensor] | None = None, y32_out: torch.Tensor | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h, y); y32_out [T, H] fp32, when given, also receives y as stored, widened (the router's input)."""
     from m3bench.runtime.kernels.add_norm_triton import add_rms_norm_kernel
 
     if not add_norm_supported(residual, x):
@@ -29,9 +32,13 @@ def add_rms_norm_fused(residual: torch.Tensor, x: torch.Tensor, weight: torch.Te
         raise ValueError("residual and x must be contiguous in their last dim")
     h, y = out if out is not None else (torch.empty_like(x), torch.empty_like(x))
     n_tok, hidden = x.shape
+    if y32_out is not None and (y32_out.dtype != torch.float32 or y32_out.shape != x.shape or y32_out.stride(-1) != 1):
+        raise ValueError(f"y32_out must be a contiguous fp32 {tuple(x.shape)} tensor")
+    y32 = y if y32_out is None else y32_out
     if n_tok:
         add_rms_norm_kernel[(n_tok,)](
-            residual, x, weight, h, y, float(eps), residual.stride(0), x.stride(0), h.stride(0), y.stride(0),
-            H=hidden, BLOCK=next_pow2(hidden), GEMMA=gemma, num_warps=8 if hidden >= 4096 else 4,
+            residual, x, weight, h, y, y32, float(eps), residual.stride(0), x.stride(0), h.stride(0), y.stride(0),
+            y32.stride(0), H=hidden, BLOCK=next_pow2(hidden), GEMMA=gemma, COPY32=y32_out is not None,
+            num_warps=8 if hidden >= 4096 else 4,
         )
     return h, y

@@ -2,6 +2,7 @@
 y = h * rsqrt(mean(h^2) + eps) * (1 + w) (Gemma) or * w (plain), in fp32, cast back.
 
 Grid (T,): one program per row, the whole hidden dim (BLOCK a power of two >= H) in registers.
+COPY32 also stores y (as rounded) widened to fp32 (the MoE router's input).
 """
 
 import triton
@@ -12,8 +13,8 @@ from m3bench.runtime.kernels.round_triton import round_for
 
 @triton.jit
 def add_rms_norm_kernel(
-    r_ptr, x_ptr, w_ptr, h_ptr, y_ptr, eps, s_r, s_x, s_h, s_y,
-    H: tl.constexpr, BLOCK: tl.constexpr, GEMMA: tl.constexpr,
+    r_ptr, x_ptr, w_ptr, h_ptr, y_ptr, y32_ptr, eps, s_r, s_x, s_h, s_y, s_y32,
+    H: tl.constexpr, BLOCK: tl.constexpr, GEMMA: tl.constexpr, COPY32: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -28,3 +29,5 @@ def add_rms_norm_kernel(
         w = 1.0 + w
     y = round_for(hf * rstd * w, y_ptr.dtype.element_ty)
     tl.store(y_ptr + row * s_y + cols, y.to(y_ptr.dtype.element_ty), mask=ok)
+    if COPY32:  # y as stored, widened: the fp32 router's input without a cast launch
+        tl.store(y32_ptr + row * s_y32 + cols, y.to(y_ptr.dtype.element_ty).to(tl.float32), mask=ok)

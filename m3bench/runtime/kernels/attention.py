@@ -24,11 +24,12 @@ from m3bench.runtime.kernels.backend import (
     cache_kernel_args,
     interpreting,
     next_pow2,
+    nvfp4_asm,
     prev_pow2,
     target_programs,
     use_triton,
 )
-from m3bench.runtime.kernels.kv_quant import PagedTensor, kv_format_of
+from m3bench.runtime.kernels.kv_quant import KVFormat, PagedTensor, kv_format_of
 
 MAX_SEGMENTS = 128
 MIN_TILES_PER_SEGMENT = 4
@@ -124,7 +125,9 @@ def _launch_attention(q, k_cache, v_cache, block_tables, seq_lens, qsl, scale, s
         HQ=hq, G=hq // hkv, D=d, PAGE=page, TILE=launch.tile, BLOCK_M=launch.block_m,
         BLOCK_Q=launch.block_q, SPLIT=n_seg > 1,
         TOPK=sel.shape[-1] if sel is not None else 1, SPARSE=sel is not None,
-        FMT=FMT_CODE[fmt], F32=q.dtype == torch.float32 or interpreting(), num_warps=4, num_stages=3,
+        FMT=FMT_CODE[fmt], F32=q.dtype == torch.float32 or interpreting(), ASM=fmt is KVFormat.NVFP4 and nvfp4_asm(q),
+        num_warps=4,
+        num_stages=3,
     )
     if n_seg > 1:
         reduce_kernel[(n_tok, hq)](

@@ -12,7 +12,7 @@ With SPLIT (n_seg > 1) each program writes a normalized partial output and its l
 import triton
 import triton.language as tl
 
-from m3bench.runtime.kernels.kv_tiles_triton import load_kv_tile, mma
+from m3bench.runtime.kernels.kv_tiles_triton import dot_operand, kv_tile_factor, load_kv_tile, mma
 
 NEG_BIG = tl.constexpr(-1.0e30)
 
@@ -39,7 +39,7 @@ def paged_attn_kernel(
     s_bt, s_selt, s_selh,
     HQ: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, TILE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, SPLIT: tl.constexpr,
-    TOPK: tl.constexpr, SPARSE: tl.constexpr, FMT: tl.constexpr, F32: tl.constexpr,
+    TOPK: tl.constexpr, SPARSE: tl.constexpr, FMT: tl.constexpr, F32: tl.constexpr, ASM: tl.constexpr,
 ):
     pid = tl.program_id(0)
     h = tl.program_id(1)
@@ -59,6 +59,7 @@ def paged_attn_kernel(
     head = h * G + rows % G
     cols = tl.arange(0, D)
     q = tl.load(q_ptr + tok[:, None] * s_qt + head[:, None] * s_qh + cols[None, :], mask=row_ok[:, None], other=0.0)
+    q = dot_operand(q, FMT, F32)  # fp16 against FP8 / NVFP4 tiles
 
     SUB: tl.constexpr = PAGE // TILE
     if SPARSE:
@@ -69,11 +70,9 @@ def paged_attn_kernel(
     it_lo = seg * per_seg
     it_hi = tl.minimum(it_lo + per_seg, n_iter)
     sel_row = sel_ptr + (q_start + qb).to(tl.int64) * s_selt + h * s_selh
-    kgs = 1.0
-    vgs = 1.0
-    if FMT == 2:
-        kgs = tl.load(kgs_ptr)
-        vgs = tl.load(vgs_ptr)
+    kgs = kv_tile_factor(kgs_ptr, FMT)  # NVFP4: the tiles' global scale (x 64), applied to S and the output
+    vgs = kv_tile_factor(vgs_ptr, FMT)
+    s_scale = sm_scale_log2 * kgs
 
     m_i = tl.full([BLOCK_M], NEG_BIG, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -85,11 +84,11 @@ def paged_attn_kernel(
         kmask = kpos < limit
         page = tl.load(bt_ptr + b * s_bt + start // PAGE).to(tl.int64)
         off = (start % PAGE + toks).to(tl.int64)
-        k = load_kv_tile(k_ptr, ks_ptr, kgs, page * s_kp + h * s_kh + off * s_kt,
-                         page * s_ksp + h * s_ksh + off * s_kst, kmask, FMT, TILE, D)
-        v = load_kv_tile(v_ptr, vs_ptr, vgs, page * s_vp + h * s_vh + off * s_vt,
-                         page * s_vsp + h * s_vsh + off * s_vst, kmask, FMT, TILE, D)
-        s = mma(q, tl.trans(k), F32) * sm_scale_log2
+        k = load_kv_tile(k_ptr, ks_ptr, page * s_kp + h * s_kh + off * s_kt,
+                         page * s_ksp + h * s_ksh + off * s_kst, kmask, FMT, TILE, D, ASM)
+        v = load_kv_tile(v_ptr, vs_ptr, page * s_vp + h * s_vh + off * s_vt,
+                         page * s_vsp + h * s_vsh + off * s_vst, kmask, FMT, TILE, D, ASM)
+        s = mma(q, tl.trans(k), F32) * s_scale
         ok = row_ok[:, None] & kmask[None, :] & (kpos[None, :] <= pos[:, None])
         m_new = tl.maximum(m_i, tl.max(tl.where(ok, s, NEG_BIG), axis=1))
         p = tl.where(ok, tl.exp2(tl.where(ok, s, NEG_BIG) - m_new[:, None]), 0.0)
@@ -98,7 +97,7 @@ def paged_attn_kernel(
         acc = acc * alpha[:, None] + mma(p.to(q.dtype), v, F32)
         m_i = m_new
 
-    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    o = acc * (vgs / tl.where(l_i > 0, l_i, 1.0))[:, None]
     if not SPLIT:
         o_ptrs = o_ptr + tok[:, None] * s_ot + head[:, None] * s_oh + cols[None, :]
         tl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])

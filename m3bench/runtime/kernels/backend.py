@@ -62,6 +62,27 @@ def global_scale_tensor(gs, device) -> torch.Tensor:
 FMT_CODE = {KVFormat.PLAIN: 0, KVFormat.FP8: 1, KVFormat.NVFP4: 2}  # kv_tiles_triton.FMT_*
 
 
+class Nvfp4Decode(Enum):
+    """How the attention / index kernels turn NVFP4 bytes into fp16 (kv_tiles_triton.load_kv_tile)."""
+
+    ASM = "asm"  # four bytes a register in PTX (CUDA sm89+; the interpreter and fp32 runs take CVT)
+    CVT = "cvt"  # per byte: integer ops to e4m3 codes, Triton's fp8 conversion
+
+
+NVFP4_DECODE = {"decode": Nvfp4Decode.ASM}  # the process-wide choice (benchmarks/nvfp4_kv.py times both)
+
+
+@functools.cache
+def sm_capability(device_index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device_index)
+
+
+def nvfp4_asm(t: torch.Tensor) -> bool:
+    """Whether a kernel on t (the queries) decodes NVFP4 with the PTX variant: chosen, CUDA sm89+, not fp32."""
+    return (NVFP4_DECODE["decode"] is Nvfp4Decode.ASM and t.is_cuda and not interpreting()
+            and t.dtype != torch.float32 and sm_capability(t.device.index or 0) >= (8, 9))
+
+
 def cache_kernel_args(cache: PagedTensor):
     """(data, scales, global scale) tensors for the kernel; dummies where a format has none."""
     fmt = kv_format_of(cache)

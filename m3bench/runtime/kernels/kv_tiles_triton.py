@@ -2,7 +2,9 @@
 
 Formats (constexpr FMT): 0 plain (bf16/fp16/fp32), 1 fp8 e4m3 (passed as a uint8 view),
 2 NVFP4 (uint8 data, two E2M1 codes a byte low nibble first; uint8 view of e4m3 scales,
-one per 16 elements; fp32 global scale read from a 1-element tensor).
+one per 16 elements; fp32 global scale read from a 1-element tensor). Quantized tiles decode into
+fp16 (exactly) and the dots run on fp16 operands (dot_operand), so the tensor cores take them with
+no fp32 round trip; NVFP4's global scale multiplies the dot products (kv_tile_factor).
 Only Triton 3.0-era language features (no gather, no warp specialization).
 """
 
@@ -27,41 +29,95 @@ def e2m1_as_e4m3(code):
 
 
 @triton.jit
+def nvfp4_to_f16_asm(byte):
+    """uint8 NVFP4 bytes -> (low-nibble, high-nibble) fp16 values / 64, as e2m1_as_e4m3 + the fp8
+    conversion, four bytes a register: the e4m3 codes of all four low (high) nibbles in 3 (4) integer
+    ops, then two cvt.rn.f16x2.e4m3x2 (sm89+: H100/H200)."""
+    return tl.inline_asm_elementwise(
+        asm="""{
+        .reg .b32 t, u;
+        .reg .b16 a, b;
+        shl.b32 t, $4, 4;
+        and.b32 t, t, 0x80808080;
+        shl.b32 u, $4, 2;
+        and.b32 u, u, 0x1C1C1C1C;
+        or.b32 t, t, u;
+        mov.b32 {a, b}, t;
+        cvt.rn.f16x2.e4m3x2 $0, a;
+        cvt.rn.f16x2.e4m3x2 $1, b;
+        shr.b32 u, $4, 2;
+        and.b32 u, u, 0x1C1C1C1C;
+        and.b32 t, $4, 0x80808080;
+        or.b32 t, t, u;
+        mov.b32 {a, b}, t;
+        cvt.rn.f16x2.e4m3x2 $2, a;
+        cvt.rn.f16x2.e4m3x2 $3, b;
+        }""",
+        constraints="=r,=r,=r,=r,r", args=[byte], dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
+
+
+@triton.jit
 def e2m1_to_f32(code):
     """E2M1 code (int32, 0..15) -> fp32 of {0, .5, 1, 1.5, 2, 3, 4, 6} with sign bit 3."""
     return e2m1_as_e4m3(code).to(tl.float8e4nv, bitcast=True).to(tl.float32) * 64.0
 
 
 @triton.jit
-def load_kv_tile(data_ptr, scale_ptr, gscale, row_off, sc_row_off, mask,
-                 FMT: tl.constexpr, TILE: tl.constexpr, D: tl.constexpr):
+def load_kv_tile(data_ptr, scale_ptr, row_off, sc_row_off, mask,
+                 FMT: tl.constexpr, TILE: tl.constexpr, D: tl.constexpr, ASM: tl.constexpr = False):
     """Tile [TILE, D] of the rows starting at row_off (elements of data), masked rows read 0:
-    fp32 for FP8 / NVFP4, the cache's own dtype for plain caches (mma converts as needed).
+    fp16 for FP8 / NVFP4 (exact: see below), the cache's own dtype for plain caches (mma converts).
 
     row_off / sc_row_off: [TILE] int64 offsets of each token's row in data / scales (NVFP4);
-    mask: [TILE] rows to read. NVFP4 loads D/2 contiguous bytes and D/16 scales per row and
-    widens them in registers (join + reshape), so both loads stay vectorized; the nibbles decode
-    through the fp8 conversion (e2m1_as_e4m3), the factor 64 folded into the scales.
+    mask: [TILE] rows to read. FP8 e4m3 converts to fp16 exactly (one cvt per two elements).
+    NVFP4 loads D/2 contiguous bytes and D/16 scales per row and widens them in registers (join +
+    reshape), so both loads stay vectorized; the nibbles decode through the fp8 conversion
+    (e2m1_as_e4m3: values / 64) and times their e4m3 block scale in fp16, exact (<= 6 significant
+    bits, magnitudes 2^-16 .. 42); the global scale and the 64 are NOT applied: the caller multiplies
+    its dot products by kv_tile_factor. ASM (sm89+, not the interpreter): the same codes made four
+    bytes at a time in PTX (nvfp4_to_f16_asm), no widening to int32.
     """
     m2 = mask[:, None]
     if FMT == 2:
         half = tl.arange(0, D // 2)
-        byte = tl.load(data_ptr + row_off[:, None] + half[None, :], mask=m2, other=0).to(tl.int32)
-        lo = e2m1_as_e4m3(byte).to(tl.float8e4nv, bitcast=True).to(tl.float32)
-        hi = e2m1_as_e4m3(byte >> 4).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        byte = tl.load(data_ptr + row_off[:, None] + half[None, :], mask=m2, other=0)
+        if ASM:
+            lo, hi = nvfp4_to_f16_asm(byte)
+        else:
+            lo = e2m1_as_e4m3(byte.to(tl.int32)).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+            hi = e2m1_as_e4m3(byte.to(tl.int32) >> 4).to(tl.float8e4nv, bitcast=True).to(tl.float16)
         vals = tl.reshape(tl.join(lo, hi), (TILE, D))  # element values / 64
         groups = tl.arange(0, D // 16)
         sc = tl.load(scale_ptr + sc_row_off[:, None] + groups[None, :], mask=m2, other=0)
-        step = sc.to(tl.float8e4nv, bitcast=True).to(tl.float32) * (gscale * 64.0)  # the / 64 undone
+        step = sc.to(tl.float8e4nv, bitcast=True).to(tl.float16)
         step = tl.reshape(tl.broadcast_to(step[:, :, None], (TILE, D // 16, 16)), (TILE, D))
         return vals * step
     elif FMT == 1:
         cols = tl.arange(0, D)
         raw = tl.load(data_ptr + row_off[:, None] + cols[None, :], mask=m2, other=0)
-        return raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        return raw.to(tl.float8e4nv, bitcast=True).to(tl.float16)
     else:
         cols = tl.arange(0, D)
         return tl.load(data_ptr + row_off[:, None] + cols[None, :], mask=m2, other=0.0)
+
+
+@triton.jit
+def kv_tile_factor(gscale_ptr, FMT: tl.constexpr):
+    """What load_kv_tile's values still need: NVFP4's global scale times the 64 of e2m1_as_e4m3."""
+    if FMT == 2:
+        return tl.load(gscale_ptr) * 64.0
+    else:
+        return 1.0
+
+
+@triton.jit
+def dot_operand(x, FMT: tl.constexpr, F32: tl.constexpr):
+    """The query side of a dot with load_kv_tile's tiles: fp16 against FP8 / NVFP4 tiles (their exact
+    dtype: normed queries sit far inside fp16's range, with 3 more mantissa bits than bf16), else x."""
+    if FMT != 0 and not F32:
+        return x.to(tl.float16)
+    else:
+        return x
 
 
 @triton.jit

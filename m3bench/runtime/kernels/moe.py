@@ -9,6 +9,11 @@ MXFP8 experts: float8_e4m3fn weights plus `scales=MoeScales(gate, up, down)` (ui
 inputs: [E, I, H/32], [E, I, H/32], [E, H, I/32]). NVFP4 experts: packed uint8 weights [E, I, H/2] /
 [E, H, I/2] plus `MoeScales(gate, up, down, gate_global, up_global, down_global)` (e4m3 per 16 inputs,
 fp32 global per row [E, I] / [E, H]). The kernels dequantize either in registers.
+`alignment=MoeAlignment(...)` (with `tiles`) skips the alignment launch: the router's kernel made it.
+`shared=SharedExpert(w_gate [I_s, H], w_up [I_s, H], w_down [H, I_s])` (plain weights, the routed
+experts plain too) adds the shared expert as one more expert every token picks with weight 1, in the
+same launches; batches of at most SKINNY_TOKENS tokens then split the gate+up reduction (split-K,
+`MoeTiles.split_k`) so the few weight rows a skinny batch reads spread over the whole GPU.
 """
 
 from __future__ import annotations
@@ -19,7 +24,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from m3bench.runtime import quant
 from m3bench.runtime.kernels import reference
 from m3bench.runtime.kernels.backend import (
     KernelBackend,
@@ -27,40 +31,43 @@ from m3bench.runtime.kernels.backend import (
     next_pow2,
     use_triton,
 )
+from m3bench.runtime.kernels.moe_align import (  # noqa: F401 (the fused MoE's public parts, re-exported)
+    MAX_KERNEL_ALIGN_PAIRS,
+    MoeAlignment,
+    align_slots,
+    max_padded_pairs,
+    moe_align,
+    moe_align_torch,
+)
+from m3bench.runtime.kernels.moe_scales import MoeScales
 from m3bench.runtime.kernels.quant_kernels import QuantKernels, default_quant_kernels
 from m3bench.runtime.kernels.reference import MoeActivation
 
 if TYPE_CHECKING:
     from m3bench.runtime.kernels.moe_quant import QuantMoeTiles
 
-_ACT_CODE = {MoeActivation.SWIGLUOAI: 0, MoeActivation.SILU: 1}
+ACT_CODE = {MoeActivation.SWIGLUOAI: 0, MoeActivation.SILU: 1}
 
 
 @dataclass(frozen=True)
-class MoeScales:
-    """Block scales of quantized expert weights (views into stacked tensors work, as for the weights):
-    E8M0 for MXFP8; e4m3 plus per-row fp32 globals for NVFP4. With scales, fused_moe runs the kernels of
-    kernels/moe_quant.py (whole tiles dequantized, one dot a K step) unless `tiles=MoeTiles(...)` asks for the
-    first ones (moe_triton.py)."""
+class SharedExpert:
+    """The ungated-by-router shared expert as one more expert of the fused MoE (plain weights)."""
 
-    gate: torch.Tensor
-    up: torch.Tensor
-    down: torch.Tensor
-    gate_global: torch.Tensor | None = None  # NVFP4 only
-    up_global: torch.Tensor | None = None
-    down_global: torch.Tensor | None = None
+    w_gate: torch.Tensor  # [I_s, H]
+    w_up: torch.Tensor  # [I_s, H]
+    w_down: torch.Tensor  # [H, I_s]
 
     @property
-    def nvfp4(self) -> bool:
-        return self.gate_global is not None
+    def inter(self) -> int:
+        return self.w_gate.shape[0]
 
-    def dequantized(self, w_gate, w_up, w_down, dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if self.nvfp4:
-            return (quant.dequant_nvfp4(w_gate, self.gate, self.gate_global, dtype),
-                    quant.dequant_nvfp4(w_up, self.up, self.up_global, dtype),
-                    quant.dequant_nvfp4(w_down, self.down, self.down_global, dtype))
-        return (quant.dequant_mxfp8(w_gate, self.gate, dtype), quant.dequant_mxfp8(w_up, self.up, dtype),
-                quant.dequant_mxfp8(w_down, self.down, dtype))
+    def reference(self, x: torch.Tensor, activation: MoeActivation, alpha: float, limit: float) -> torch.Tensor:
+        """The expert on x [T, H] in fp32 (fp64 for fp64 inputs) with the fused MoE's activation."""
+        cdt = torch.float64 if x.dtype == torch.float64 else torch.float32
+        xc = x.to(cdt)
+        h = reference.moe_activation_ref(xc @ self.w_gate.to(cdt).T, xc @ self.w_up.to(cdt).T, activation, alpha,
+                                         limit)
+        return h @ self.w_down.to(cdt).T
 
 
 def _fmt_code(scales: MoeScales | None) -> int:
@@ -78,6 +85,8 @@ class MoeTiles:
     num_warps: int = 4
     num_stages: int = 3
     block_n_down: int = 0
+    split_k: int = 1  # gate+up K-chunks of the shared expert (> 1: partials + moe_act_kernel)
+    split_k_routed: int = 1  # ... of a routed expert (divides split_k)
 
     @property
     def n_down(self) -> int:
@@ -85,11 +94,17 @@ class MoeTiles:
 
 
 MIN_PROGRAMS = 264  # two waves of 132 SMs: narrow N tiles until the skinny GEMMs fill them
+SKINNY_TOKENS = 4  # with a shared expert, batches up to this many tokens run the split-K path
+MAX_SPLIT_K = 32
 
 
-def moe_tiles(n_pairs: int, n_experts: int, inter: int, hidden: int) -> MoeTiles:
+def moe_tiles(n_pairs: int, n_experts: int, inter: int, hidden: int, shared_inter: int = 0,
+              n_tok: int = 0) -> MoeTiles:
     """Skinny batches: BLOCK_M 16 (M padded to 16) and N tiles narrowed until the grid of the
-    few active experts fills the GPU; bigger batches: larger M tiles."""
+    few active experts fills the GPU; bigger batches: larger M tiles. With a shared expert (its
+    intermediate shared_inter) and at most SKINNY_TOKENS tokens: split-K (skinny_tiles)."""
+    if shared_inter and n_tok <= SKINNY_TOKENS:
+        return skinny_tiles(inter, shared_inter, hidden)
     per_expert = n_pairs / max(1, n_experts)  # mean pairs of an expert (upper bound of active)
     if per_expert <= 8:
         base = MoeTiles(16, 64, 128, num_warps=4, num_stages=4)
@@ -100,6 +115,19 @@ def moe_tiles(n_pairs: int, n_experts: int, inter: int, hidden: int) -> MoeTiles
     blocks = min(n_pairs, n_experts) * max(1, math.ceil(per_expert / base.block_m))
     return replace(base, block_n=_narrow(base.block_n, blocks, inter),
                    block_n_down=_narrow(base.block_n, blocks, hidden))
+
+
+def skinny_tiles(inter: int, shared_inter: int, hidden: int, block_n: int = 32, block_k: int = 64) -> MoeTiles:
+    """A batch of a few tokens reads each active expert's weights once: the shared expert alone (or
+    one routed expert) must fill MIN_PROGRAMS programs, so the gate+up reduction over `hidden` splits
+    into chunks (fewer for the wider routed experts), the down GEMM narrows its N tiles to 16."""
+    def split(n: int) -> int:
+        want = math.ceil(MIN_PROGRAMS / math.ceil(n / block_n))
+        return max(1, min(MAX_SPLIT_K, next_pow2(want), hidden // block_k))
+
+    s_shared = split(shared_inter)
+    return MoeTiles(16, block_n, block_k, num_warps=4, num_stages=4, block_n_down=16, split_k=s_shared,
+                    split_k_routed=min(s_shared, split(inter)))
 
 
 def _narrow(block_n: int, blocks: int, n: int) -> int:
@@ -122,14 +150,16 @@ def fused_moe(
     backend: KernelBackend = KernelBackend.AUTO,
     tiles: MoeTiles | QuantMoeTiles | None = None,
     scales: MoeScales | None = None,
+    shared: SharedExpert | None = None,
+    alignment: MoeAlignment | None = None,
 ) -> torch.Tensor:
-    """sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t]) -> [T, H]."""
+    """sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t]) (+ shared(x[t])) -> [T, H]."""
     if not use_triton(backend, x):
         if scales is not None:
             w_gate, w_up, w_down = scales.dequantized(w_gate, w_up, w_down, x.dtype)
-        return reference.fused_moe_ref(
-            x, w_gate, w_up, w_down, topk_ids, topk_weights, activation, alpha, limit, out
-        )
+        return fused_moe_reference(x, w_gate, w_up, w_down, topk_ids, topk_weights, activation, alpha, limit,
+                                   out, shared)
+    _check_shared(shared, scales, w_gate, x)
     if scales is not None and tiles is None and default_quant_kernels() is QuantKernels.V1:
         tiles = moe_tiles(topk_ids.numel(), w_gate.shape[0], w_gate.shape[1], x.shape[1])
     if scales is not None and not isinstance(tiles, MoeTiles):  # quantized: the tile-dequantizing kernels
@@ -138,65 +168,48 @@ def fused_moe(
         return fused_moe_quant(x, w_gate, w_up, w_down, topk_ids, topk_weights, activation, alpha, limit, out,
                                scales, tiles)
     n_tok, top_k = topk_ids.shape
-    n_exp = w_gate.shape[0]
-    tiles = tiles or moe_tiles(n_tok * top_k, n_exp, w_gate.shape[1], x.shape[1])
+    n_exp, n_shared = w_gate.shape[0], n_tok if shared is not None else 0
+    tiles = tiles or moe_tiles(n_tok * top_k, n_exp, w_gate.shape[1], x.shape[1],
+                               shared.inter if shared else 0, n_tok)
     ids = topk_ids.reshape(-1).contiguous()
-    sorted_ids, block_expert, n_post = moe_align(ids, n_exp, tiles.block_m)
+    if alignment is None:
+        sorted_ids, block_expert, n_post = moe_align(ids, n_exp, tiles.block_m, n_shared)
+    else:  # aligned by the router's kernel for these tiles
+        sorted_ids, block_expert, n_post = alignment.sorted_ids, alignment.block_expert, alignment.n_post
     inter = x.new_empty((sorted_ids.shape[0], w_gate.shape[1]))
     _launch_gate_up(x, w_gate, w_up, inter, sorted_ids, block_expert, n_post, top_k, activation,
-                    alpha, limit, tiles, scales)
-    y = x.new_empty((n_tok * top_k, w_down.shape[1]), dtype=torch.float32)
+                    alpha, limit, tiles, scales, shared)
+    y = x.new_empty((n_tok * top_k + n_shared, w_down.shape[1]), dtype=torch.float32)
     weights = topk_weights.reshape(-1).contiguous()
-    _launch_down(inter, w_down, y, sorted_ids, block_expert, n_post, weights, tiles, scales)
+    _launch_down(inter, w_down, y, sorted_ids, block_expert, n_post, weights, tiles, scales, shared)
     out = torch.empty_like(x) if out is None else out
-    _launch_sum(y, ids, out, n_exp, top_k)
+    _launch_sum(y, ids, out, n_exp, top_k, shared is not None)
     return out
 
 
-def max_padded_pairs(n_pairs: int, n_experts: int, block_m: int) -> int:
-    """Static bound of the padded pair count: each active expert pads less than BLOCK_M."""
-    return n_pairs + min(n_experts, n_pairs) * (block_m - 1)
+def fused_moe_reference(x, w_gate, w_up, w_down, topk_ids, topk_weights, activation, alpha, limit, out=None,
+                        shared: SharedExpert | None = None) -> torch.Tensor:
+    """The torch reference of fused_moe (plain weights), the shared expert added in fp32."""
+    if shared is None:
+        return reference.fused_moe_ref(x, w_gate, w_up, w_down, topk_ids, topk_weights, activation, alpha, limit,
+                                       out)
+    routed = reference.fused_moe_ref(x.to(torch.float64 if x.dtype == torch.float64 else torch.float32),
+                                     w_gate, w_up, w_down, topk_ids, topk_weights, activation, alpha, limit)
+    out = torch.empty_like(x) if out is None else out
+    return out.copy_(routed + shared.reference(x, activation, alpha, limit))
 
 
-MAX_KERNEL_ALIGN_PAIRS = 16384  # the one-program align keeps every pair in registers
-
-
-def moe_align(ids: torch.Tensor, n_experts: int, block_m: int):
-    """(sorted pair ids padded per expert [S] (n_pairs marks padding), expert of each M-block
-    [S / BLOCK_M], padded count [1]); S is a static bound, slots past the count are unused."""
-    n_pairs = ids.numel()
-    n_slots = math.ceil(max_padded_pairs(n_pairs, n_experts, block_m) / block_m) * block_m
-    if n_pairs > MAX_KERNEL_ALIGN_PAIRS:
-        return moe_align_torch(ids, n_experts, block_m, n_slots)
-    from m3bench.runtime.kernels.moe_triton import moe_align_kernel
-
-    sorted_ids = torch.empty((n_slots,), dtype=torch.int32, device=ids.device)  # all live slots written
-    block_expert = torch.empty((n_slots // block_m,), dtype=torch.int32, device=ids.device)
-    n_post = torch.empty((1,), dtype=torch.int32, device=ids.device)
-    warps = 4 if n_pairs <= 4096 else 16
-    moe_align_kernel[(1,)](ids, n_pairs, sorted_ids, block_expert, n_post,
-                            E=n_experts, BLOCK_M=block_m, NP=next_pow2(max(n_pairs, 16)), num_warps=warps)
-    return sorted_ids, block_expert, n_post
-
-
-def moe_align_torch(ids: torch.Tensor, n_experts: int, block_m: int, n_slots: int):
-    """moe_align in device torch ops (no host reads) for large pair counts (prefill)."""
-    n_pairs = ids.numel()
-    key = torch.where((ids >= 0) & (ids < n_experts), ids.long(), n_experts)  # n_experts: not local
-    counts = torch.zeros(n_experts + 1, dtype=torch.long, device=ids.device)
-    counts.scatter_add_(0, key, torch.ones_like(key))
-    padded = (counts + block_m - 1) // block_m * block_m
-    padded[-1] = 0
-    ends = padded.cumsum(0)
-    order = torch.argsort(key, stable=True)
-    skey = key[order]
-    rank = torch.arange(n_pairs, device=ids.device) - (counts.cumsum(0) - counts)[skey]
-    slot = torch.where(skey < n_experts, ends[skey] - padded[skey] + rank, n_slots)  # n_slots: dropped
-    sorted_ids = torch.full((n_slots + 1,), n_pairs, dtype=torch.int32, device=ids.device)
-    sorted_ids.scatter_(0, slot, order.to(torch.int32))
-    first_block = torch.arange(n_slots // block_m, device=ids.device) * block_m
-    block_expert = torch.searchsorted(ends[:-1], first_block, right=True).clamp(max=n_experts - 1)
-    return sorted_ids[:n_slots], block_expert.to(torch.int32), ends[-1:].to(torch.int32)
+def _check_shared(shared: SharedExpert | None, scales: MoeScales | None, w_gate: torch.Tensor, x: torch.Tensor):
+    if shared is None:
+        return
+    if scales is not None:
+        raise ValueError("the fused shared expert needs plain (unquantized) routed experts")
+    for name, w in (("w_gate", shared.w_gate), ("w_up", shared.w_up), ("w_down", shared.w_down)):
+        if w.dtype != w_gate.dtype or w.stride(-1) != 1:
+            raise ValueError(f"shared {name} must be {w_gate.dtype} and contiguous along its last dim")
+    if shared.w_gate.shape[1] != x.shape[1] or shared.w_down.shape != (x.shape[1], shared.inter):
+        raise ValueError(f"shared expert shapes {tuple(shared.w_gate.shape)} / {tuple(shared.w_down.shape)} "
+                         f"do not match hidden {x.shape[1]}")
 
 
 def _check_weights(*ws):
@@ -223,7 +236,7 @@ def _global_args(g: torch.Tensor | None, w: torch.Tensor) -> tuple:
 
 
 def _launch_gate_up(x, wg, wu, inter, sorted_ids, block_expert, n_post, top_k, act, alpha, limit, tiles,
-                    scales=None):
+                    scales=None, shared: SharedExpert | None = None):
     from m3bench.runtime.kernels.moe_triton import moe_gate_up_kernel
 
     _check_weights(x, wg, wu)
@@ -232,38 +245,74 @@ def _launch_gate_up(x, wg, wu, inter, sorted_ids, block_expert, n_post, top_k, a
     su, sue, sun = _scale_args(scales and scales.up, wu)
     gg, gge = _global_args(scales and scales.gate_global, wg)
     gu, gue = _global_args(scales and scales.up_global, wu)
-    grid = (block_expert.shape[0], math.ceil(n_inter / tiles.block_n))
+    n_routed = top_k * x.shape[0]
+    n_all = n_routed + (x.shape[0] if shared is not None else 0)
+    split = tiles.split_k if shared is not None and scales is None else 1
+    part = x.new_empty((split, n_all, 2 * n_inter), dtype=torch.float32) if split > 1 else inter
+    ws = shared or SharedExpert(wg, wu, wg)  # dummies without a shared expert
+    grid = (block_expert.shape[0], gate_up_programs(n_inter, shared.inter if shared else 0, split, tiles))
     moe_gate_up_kernel[grid](
-        x, wg, wu, inter, sorted_ids, block_expert, n_post, top_k * x.shape[0], alpha, limit,
+        x, wg, wu, inter, sorted_ids, block_expert, n_post, n_all, alpha, limit,
         x.stride(0), wg.stride(0), wg.stride(1), wu.stride(0), wu.stride(1), inter.stride(0),
         sg, su, sge, sgn, sue, sun, gg, gu, gge, gue,
+        n_routed, ws.w_gate, ws.w_up, ws.w_gate.stride(-2), ws.w_up.stride(-2), part,
+        part.stride(0) if split > 1 else 0, part.stride(1) if split > 1 else 0,
         H=hidden, I=n_inter, TOPK=top_k, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
-        BLOCK_K=tiles.block_k, ACT=_ACT_CODE[act], F32=x.dtype == torch.float32 or interpreting(),
-        FMT=_fmt_code(scales), num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        BLOCK_K=tiles.block_k, ACT=ACT_CODE[act], F32=x.dtype == torch.float32 or interpreting(),
+        FMT=_fmt_code(scales), SHARED=shared is not None, E_R=wg.shape[0] if shared is not None else -1,
+        I_S=shared.inter if shared is not None else 0, SPLIT=split,
+        SPLIT_R=tiles.split_k_routed if split > 1 else 1, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    )
+    if split > 1:
+        _launch_act(part, inter, sorted_ids, block_expert, n_post, n_all, act, alpha, limit, tiles, wg.shape[0],
+                    shared.inter)
+
+
+def gate_up_programs(n_inter: int, n_shared_inter: int, split: int, tiles: MoeTiles) -> int:
+    """Programs per M-block of the gate+up kernel: its N tiles, times the K chunks when split (routed
+    and shared experts differ in both: the larger product)."""
+    if split == 1:
+        return math.ceil(n_inter / tiles.block_n)
+    return max(math.ceil(n_inter / tiles.block_n) * tiles.split_k_routed,
+               math.ceil(n_shared_inter / tiles.block_n) * split)
+
+
+def _launch_act(part, inter, sorted_ids, block_expert, n_post, n_all, act, alpha, limit, tiles, n_exp, i_shared):
+    from m3bench.runtime.kernels.moe_triton import moe_act_kernel
+
+    n_inter, block_n = inter.shape[1], 64
+    moe_act_kernel[(block_expert.shape[0], math.ceil(n_inter / block_n))](
+        part, inter, sorted_ids, block_expert, n_post, n_all, alpha, limit, part.stride(0), part.stride(1),
+        inter.stride(0), I=n_inter, I_S=i_shared, E_R=n_exp, SPLIT=tiles.split_k, SPLIT_R=tiles.split_k_routed,
+        BLOCK_M=tiles.block_m, BLOCK_N=block_n, ACT=ACT_CODE[act], num_warps=4,
     )
 
 
-def _launch_down(inter, wd, y, sorted_ids, block_expert, n_post, weights, tiles, scales=None):
+def _launch_down(inter, wd, y, sorted_ids, block_expert, n_post, weights, tiles, scales=None,
+                 shared: SharedExpert | None = None):
     from m3bench.runtime.kernels.moe_triton import moe_down_kernel
 
     _check_weights(wd)
     hidden, n_inter = wd.shape[1], inter.shape[1]
     sd, sde, sdn = _scale_args(scales and scales.down, wd)
     gd, gde = _global_args(scales and scales.down_global, wd)
+    wsd = wd if shared is None else shared.w_down
     grid = (block_expert.shape[0], math.ceil(hidden / tiles.n_down))
     moe_down_kernel[grid](
         inter, wd, y, sorted_ids, block_expert, n_post, weights, y.shape[0],
         inter.stride(0), wd.stride(0), wd.stride(1), y.stride(0), sd, sde, sdn, gd, gde,
+        weights.shape[0], wsd, wsd.stride(-2),
         I=n_inter, H=hidden, BLOCK_M=tiles.block_m, BLOCK_N=tiles.n_down, BLOCK_K=tiles.block_k,
         F32=inter.dtype == torch.float32 or interpreting(), FMT=_fmt_code(scales),
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        SHARED=shared is not None, E_R=wd.shape[0] if shared is not None else -1,
+        I_S=shared.inter if shared is not None else 0, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
 
 
-def _launch_sum(y, ids, out, n_exp, top_k):
+def _launch_sum(y, ids, out, n_exp, top_k, shared: bool = False):
     from m3bench.runtime.kernels.moe_triton import moe_sum_kernel
 
     block_n = min(1024, next_pow2(out.shape[1]))
     grid = (out.shape[0], math.ceil(out.shape[1] / block_n))
-    moe_sum_kernel[grid](y, ids, out, y.stride(0), out.stride(0), E=n_exp, H=out.shape[1],
-                          TOPK=top_k, BLOCK_N=block_n, num_warps=4)
+    moe_sum_kernel[grid](y, ids, out, y.stride(0), out.stride(0), ids.numel(), E=n_exp, H=out.shape[1],
+                          TOPK=top_k, BLOCK_N=block_n, SHARED=shared, num_warps=4)

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import torch
 
 from m3bench.runtime.kernels.backend import interpreting, next_pow2
-from m3bench.runtime.kernels.moe import MoeScales, moe_align
+from m3bench.runtime.kernels.moe_align import moe_align
+from m3bench.runtime.kernels.moe_scales import MoeScales
 from m3bench.runtime.kernels.mx_linear import COUNTERS, split_counters
 from m3bench.runtime.kernels.reference import MoeActivation
 

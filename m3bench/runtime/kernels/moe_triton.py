@@ -1,7 +1,11 @@
 """Triton fused MoE: align (sort pairs by expert, pad to BLOCK_M), gate+up GEMM with the
 activation fused, down GEMM with the routing weight fused, and a top-k reduction.
 
-Pairs p = t * TOPK + k (token t, its k-th expert). Expert weights [E, I, H] (gate, up) and
+Pairs p = t * TOPK + k (token t, its k-th expert). With SHARED the shared expert is one more
+expert (local id E_R, weight 1) that every token picks: its pairs are n_routed + t, its weights
+their own tensors ([I_S, H] gate / up, [H, I_S] down, plain only). SPLIT > 1 (skinny batches) splits
+the gate+up reduction into K chunks (SPLIT for the shared expert, SPLIT_R for routed ones: grid dim 1
+enumerates N tiles x chunks), writes fp32 partials by pair and `moe_act_kernel` sums them and applies the activation. Expert weights [E, I, H] (gate, up) and
 [E, H, I] (down), contiguous along the reduction dim. FMT 1 (MXFP8): float8_e4m3fn weights and E8M0
 scales [E, I, H/32] / [E, H, I/32]; FMT 2 (NVFP4): packed uint8 [E, I, H/2] / [E, H, I/2], e4m3 scales
 per 16 inputs and an fp32 global scale per row [E, I] / [E, H]; both dequantized in registers. Grids are static upper bounds; programs
@@ -16,52 +20,99 @@ from m3bench.runtime.kernels.moe_quant_triton import pair_block, swiglu
 from m3bench.runtime.kernels.mxfp8_triton import mx_dot, nv_weight_tile
 
 
-@triton.jit(do_not_specialize=["n_pairs"])
+@triton.jit(do_not_specialize=["n_pairs", "n_shared"])
 def moe_align_kernel(
-    ids_ptr, n_pairs, sorted_ptr, block_expert_ptr, n_post_ptr,
-    E: tl.constexpr, BLOCK_M: tl.constexpr, NP: tl.constexpr,
+    ids_ptr, n_pairs, n_shared, sorted_ptr, block_expert_ptr, n_post_ptr,
+    E: tl.constexpr, BLOCK_M: tl.constexpr, NP: tl.constexpr, SHARED: tl.constexpr,
 ):
-    """One program: sorted_ptr[slot] = pair id (n_pairs marks padding), one expert per block."""
+    """One program: sorted_ptr[slot] = pair id (n_pairs + n_shared marks padding), one expert per
+    block; SHARED: expert E - 1 is the shared one, picked by pairs n_pairs .. n_pairs + n_shared - 1."""
     offs = tl.arange(0, NP)
     ids = tl.load(ids_ptr + offs, mask=offs < n_pairs, other=-1)
+    if SHARED:
+        ids = tl.where((ids >= 0) & (ids < E - 1), ids, -1)  # other ranks' ids never hit the shared slot
+        ids = tl.where((offs >= n_pairs) & (offs < n_pairs + n_shared), E - 1, ids)
+    start = align_pairs(ids, offs, n_pairs + n_shared, tl.program_id(0) * 0, sorted_ptr, block_expert_ptr, E, BLOCK_M)
+    tl.store(n_post_ptr, start)
+
+
+@triton.jit
+def align_pairs(ids, pairs, marker, start, sorted_ptr, block_expert_ptr, E: tl.constexpr, BLOCK_M: tl.constexpr,
+                E_BASE: tl.constexpr = 0):
+    """Experts 0..E-1 in order from slot `start` (an int32 tensor): the pairs (1D, ascending) whose
+    id is e, padded with `marker` to whole BLOCK_M blocks, each block's expert (e + E_BASE) recorded;
+    returns the slot after the last block."""
     pad = tl.arange(0, BLOCK_M)
-    start = tl.program_id(0) * 0  # an int32 tensor (n_pairs may be a constexpr 1)
     for e in range(E):
         hit = (ids == e).to(tl.int32)
         cnt = tl.sum(hit, axis=0)
         rank = tl.cumsum(hit, axis=0) - 1
-        tl.store(sorted_ptr + start + rank, offs, mask=hit > 0)
+        tl.store(sorted_ptr + start + rank, pairs, mask=hit > 0)
         n_blk = tl.cdiv(cnt, BLOCK_M)
-        tl.store(sorted_ptr + start + cnt + pad, n_pairs + pad * 0, mask=pad < n_blk * BLOCK_M - cnt)
+        tl.store(sorted_ptr + start + cnt + pad, marker + pad * 0, mask=pad < n_blk * BLOCK_M - cnt)
         for i in range(n_blk):
-            tl.store(block_expert_ptr + start // BLOCK_M + i, e)
+            tl.store(block_expert_ptr + start // BLOCK_M + i, e + E_BASE)
         start += n_blk * BLOCK_M
-    tl.store(n_post_ptr, start)
+    return start
 
 
-_activation = swiglu  # one definition with the quantized MoE kernels
+gated_activation = swiglu  # one definition with the quantized MoE kernels
 _block_rows = pair_block
 
 
-@triton.jit(do_not_specialize=["n_pairs"])
+@triton.jit
+def _pick_expert(e, w_ptr, s_e, s_n, ws_ptr, s_wsn, N: tl.constexpr, N_S: tl.constexpr, E_R: tl.constexpr):
+    """(weight base, row stride, rows N) of local expert e: the stacked routed weights, or the shared
+    expert's own at e == E_R (all int64 tensors, so both branches agree)."""
+    base = w_ptr + e * s_e
+    s_row = e * 0 + s_n
+    rows = e * 0 + N
+    if e == E_R:
+        base = ws_ptr + e * 0
+        s_row = e * 0 + s_wsn
+        rows = e * 0 + N_S
+    return base, s_row, rows
+
+
+@triton.jit(do_not_specialize=["n_pairs", "n_routed"])
 def moe_gate_up_kernel(
     x_ptr, wg_ptr, wu_ptr, inter_ptr, sorted_ptr, block_expert_ptr, n_post_ptr, n_pairs,
     alpha, limit, s_xt, s_ge, s_gn, s_ue, s_un, s_it, sg_ptr, su_ptr, s_sge, s_sgn, s_sue, s_sun,
-    gg_ptr, gu_ptr, s_gge, s_gue,
+    gg_ptr, gu_ptr, s_gge, s_gue, n_routed, wsg_ptr, wsu_ptr, s_wsg, s_wsu, part_ptr, s_pk, s_pp,
     H: tl.constexpr, I: tl.constexpr, TOPK: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACT: tl.constexpr, F32: tl.constexpr, FMT: tl.constexpr,
+    SHARED: tl.constexpr, E_R: tl.constexpr, I_S: tl.constexpr, SPLIT: tl.constexpr, SPLIT_R: tl.constexpr,
 ):
-    """inter[slot, n] = act(x[tok] . wg[e, n], x[tok] . wu[e, n]) for the block's slots."""
+    """inter[slot, n] = act(x[tok] . wg[e, n], x[tok] . wu[e, n]) for the block's slots (SPLIT > 1:
+    the fp32 partials of one K chunk into part[chunk, pair]; SPLIT chunks for the shared expert,
+    SPLIT_R for a routed one, the grid's dim 1 spanning N tiles x chunks of the larger of the two)."""
     pid_m = tl.program_id(0)
     if pid_m * BLOCK_M >= tl.load(n_post_ptr):
         return
     e, slots, pair, row_ok = _block_rows(sorted_ptr, block_expert_ptr, n_pairs, pid_m, BLOCK_M)
-    tok = (pair // TOPK).to(tl.int64)
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = n < I
+    if SHARED:
+        tok = tl.where(pair < n_routed, pair // TOPK, pair - n_routed).to(tl.int64)
+        wg_base, s_gn_e, n_lim = _pick_expert(e, wg_ptr, s_ge, s_gn, wsg_ptr, s_wsg, I, I_S, E_R)
+        wu_base, s_un_e, n_lim = _pick_expert(e, wu_ptr, s_ue, s_un, wsu_ptr, s_wsu, I, I_S, E_R)
+    else:
+        tok = (pair // TOPK).to(tl.int64)
+        wg_base, s_gn_e, wu_base, s_un_e, n_lim = wg_ptr + e * s_ge, s_gn, wu_ptr + e * s_ue, s_un, I
+    if SPLIT > 1:  # program_id(1) = N tile * n_split + K chunk (the grid covers the larger product)
+        n_split = tl.where(e == E_R, SPLIT, SPLIT_R)
+        pid_n = tl.program_id(1) // n_split
+        pid_k = tl.program_id(1) % n_split
+        k_per = tl.cdiv(tl.cdiv(H, n_split), BLOCK_K) * BLOCK_K
+        k_lo = pid_k * k_per
+        k_hi = tl.minimum(k_lo + k_per, H)
+    else:
+        pid_n, pid_k, k_lo, k_hi = tl.program_id(1), 0, 0, H
+    if pid_n * BLOCK_N >= n_lim:
+        return
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < n_lim
     acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(0, H, BLOCK_K):
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         if FMT == 1:  # MXFP8: 32-wide sub-dots, each scaled by its E8M0 block
             a_rows = x_ptr + tok[:, None] * s_xt
             acc_g = mx_dot(acc_g, a_rows, wg_ptr + e * s_ge + n[:, None] * s_gn, sg_ptr + e * s_sge, s_sgn, n, n_ok,
@@ -79,57 +130,97 @@ def moe_gate_up_kernel(
                 wu = nv_weight_tile(wu_ptr + e * s_ue, su_ptr + e * s_sue, gu_ptr + e * s_gue, n, kk, s_un, s_sun,
                                     n_ok, k_ok)
             else:
-                wg = tl.load(wg_ptr + e * s_ge + n[:, None] * s_gn + kk[None, :], mask=w_mask, other=0.0)
-                wu = tl.load(wu_ptr + e * s_ue + n[:, None] * s_un + kk[None, :], mask=w_mask, other=0.0)
+                wg = tl.load(wg_base + n[:, None] * s_gn_e + kk[None, :], mask=w_mask, other=0.0)
+                wu = tl.load(wu_base + n[:, None] * s_un_e + kk[None, :], mask=w_mask, other=0.0)
             acc_g += mma(a, tl.trans(wg), F32)
             acc_u += mma(a, tl.trans(wu), F32)
-    h = _activation(acc_g, acc_u, alpha, limit, ACT)
-    out = inter_ptr + slots[:, None].to(tl.int64) * s_it + n[None, :]
-    tl.store(out, h.to(inter_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
+    if SPLIT > 1:
+        part = part_ptr + pid_k * s_pk + pair[:, None].to(tl.int64) * s_pp + n[None, :]
+        tl.store(part, acc_g, mask=row_ok[:, None] & n_ok[None, :])
+        tl.store(part + I, acc_u, mask=row_ok[:, None] & n_ok[None, :])
+    else:
+        h = gated_activation(acc_g, acc_u, alpha, limit, ACT)
+        out = inter_ptr + slots[:, None].to(tl.int64) * s_it + n[None, :]
+        tl.store(out, h.to(inter_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
 
 
 @triton.jit(do_not_specialize=["n_pairs"])
-def moe_down_kernel(
-    inter_ptr, wd_ptr, y_ptr, sorted_ptr, block_expert_ptr, n_post_ptr, weights_ptr, n_pairs,
-    s_it, s_de, s_dn, s_yp, sd_ptr, s_sde, s_sdn, gd_ptr, s_gde,
-    I: tl.constexpr, H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, F32: tl.constexpr, FMT: tl.constexpr,
+def moe_act_kernel(
+    part_ptr, inter_ptr, sorted_ptr, block_expert_ptr, n_post_ptr, n_pairs, alpha, limit, s_pk, s_pp, s_it,
+    I: tl.constexpr, I_S: tl.constexpr, E_R: tl.constexpr, SPLIT: tl.constexpr, SPLIT_R: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACT: tl.constexpr,
 ):
-    """y[pair, n] = routing_weight[pair] * inter[slot] . wd[e, n]."""
+    """inter[slot, n] = act(sum of the K-chunk partials of gate and up); grid (M-blocks, cdiv(I, BLOCK_N))."""
     pid_m = tl.program_id(0)
     if pid_m * BLOCK_M >= tl.load(n_post_ptr):
         return
     e, slots, pair, row_ok = _block_rows(sorted_ptr, block_expert_ptr, n_pairs, pid_m, BLOCK_M)
+    n_lim = tl.where(e == E_R, I_S, I)
+    if tl.program_id(1) * BLOCK_N >= n_lim:
+        return
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = row_ok[:, None] & (n < n_lim)[None, :]
+    rows = part_ptr + pair[:, None].to(tl.int64) * s_pp + n[None, :]
+    g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k in range(0, tl.where(e == E_R, SPLIT, SPLIT_R)):
+        g += tl.load(rows + k * s_pk, mask=mask, other=0.0)
+        u += tl.load(rows + k * s_pk + I, mask=mask, other=0.0)
+    h = gated_activation(g, u, alpha, limit, ACT)
+    tl.store(inter_ptr + slots[:, None].to(tl.int64) * s_it + n[None, :], h.to(inter_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["n_pairs", "n_routed"])
+def moe_down_kernel(
+    inter_ptr, wd_ptr, y_ptr, sorted_ptr, block_expert_ptr, n_post_ptr, weights_ptr, n_pairs,
+    s_it, s_de, s_dn, s_yp, sd_ptr, s_sde, s_sdn, gd_ptr, s_gde, n_routed, wsd_ptr, s_wsd,
+    I: tl.constexpr, H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, F32: tl.constexpr, FMT: tl.constexpr,
+    SHARED: tl.constexpr, E_R: tl.constexpr, I_S: tl.constexpr,
+):
+    """y[pair, n] = routing_weight[pair] * inter[slot] . wd[e, n] (the shared expert's pairs: weight 1)."""
+    pid_m = tl.program_id(0)
+    if pid_m * BLOCK_M >= tl.load(n_post_ptr):
+        return
+    e, slots, pair, row_ok = _block_rows(sorted_ptr, block_expert_ptr, n_pairs, pid_m, BLOCK_M)
+    if SHARED:
+        wd_base, s_dn_e, k_end = _pick_expert(e, wd_ptr, s_de, s_dn, wsd_ptr, s_wsd, I, I_S, E_R)
+    else:
+        wd_base, s_dn_e, k_end = wd_ptr + e * s_de, s_dn, I
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < H
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     rows = slots[:, None].to(tl.int64) * s_it
-    for k0 in range(0, I, BLOCK_K):
+    for k0 in range(0, k_end, BLOCK_K):
         if FMT == 1:  # MXFP8: 32-wide sub-dots, each scaled by its E8M0 block
             acc = mx_dot(acc, inter_ptr + rows, wd_ptr + e * s_de + n[:, None] * s_dn, sd_ptr + e * s_sde, s_sdn, n,
                          n_ok, row_ok, k0, I, F32, BLOCK_K)
         else:
             kk = k0 + tl.arange(0, BLOCK_K)
-            k_ok = kk < I
+            k_ok = kk < k_end
             a = tl.load(inter_ptr + rows + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             w_mask = n_ok[:, None] & k_ok[None, :]
             if FMT == 2:
                 w = nv_weight_tile(wd_ptr + e * s_de, sd_ptr + e * s_sde, gd_ptr + e * s_gde, n, kk, s_dn, s_sdn,
                                    n_ok, k_ok)
             else:
-                w = tl.load(wd_ptr + e * s_de + n[:, None] * s_dn + kk[None, :], mask=w_mask, other=0.0)
+                w = tl.load(wd_base + n[:, None] * s_dn_e + kk[None, :], mask=w_mask, other=0.0)
             acc += mma(a, tl.trans(w), F32)
-    acc *= tl.load(weights_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)[:, None]
+    if SHARED:
+        acc *= tl.load(weights_ptr + pair, mask=row_ok & (pair < n_routed), other=1.0).to(tl.float32)[:, None]
+    else:
+        acc *= tl.load(weights_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)[:, None]
     out = y_ptr + pair[:, None].to(tl.int64) * s_yp + n[None, :]
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_routed"])
 def moe_sum_kernel(
-    y_ptr, ids_ptr, out_ptr, s_yp, s_ot, E: tl.constexpr, H: tl.constexpr, TOPK: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    y_ptr, ids_ptr, out_ptr, s_yp, s_ot, n_routed, E: tl.constexpr, H: tl.constexpr, TOPK: tl.constexpr,
+    BLOCK_N: tl.constexpr, SHARED: tl.constexpr,
 ):
-    """out[t, n] = sum over k with a local expert of y[t * TOPK + k, n]; grid (T, cdiv(H, BLOCK_N))."""
+    """out[t, n] = sum over k with a local expert of y[t * TOPK + k, n] (+ the shared expert's row
+    y[n_routed + t] with SHARED); grid (T, cdiv(H, BLOCK_N))."""
     t = tl.program_id(0).to(tl.int64)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros([BLOCK_N], tl.float32)
@@ -137,4 +228,6 @@ def moe_sum_kernel(
         e = tl.load(ids_ptr + t * TOPK + k)
         n_end = tl.where((e >= 0) & (e < E), H, 0)  # (a vector mask, not vector & scalar bool)
         acc += tl.load(y_ptr + (t * TOPK + k) * s_yp + n, mask=n < n_end, other=0.0).to(tl.float32)
+    if SHARED:
+        acc += tl.load(y_ptr + (n_routed + t) * s_yp + n, mask=n < H, other=0.0).to(tl.float32)
     tl.store(out_ptr + t * s_ot + n, acc.to(out_ptr.dtype.element_ty), mask=n < H)

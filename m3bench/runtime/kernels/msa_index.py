@@ -21,12 +21,16 @@ from m3bench.runtime.kernels.backend import (
     cache_kernel_args,
     interpreting,
     next_pow2,
+    nvfp4_asm,
     target_programs,
     use_triton,
 )
-from m3bench.runtime.kernels.kv_quant import PagedTensor, kv_format_of
+from m3bench.runtime.kernels.kv_quant import KVFormat, PagedTensor, kv_format_of
 
 MAX_SEGMENTS = 64
+WAVES_PER_TARGET = 4  # segments for ~4x target_programs: each program streams its keys alone (latency-bound
+#                       loads, one valid query row at decode), and more of them per SM hide that; the
+#                       scores are written per block either way, so more segments cost no extra traffic
 MAX_TOPK_CHUNK = 4096  # score rows up to this many blocks stay in registers
 
 
@@ -69,7 +73,8 @@ def _launch_scores(iq, ik_cache, block_tables, seq_lens, qsl, init_blocks, score
     block_q = block_m // hi
     n_qblk = math.ceil(max_q / block_q)
     if n_seg is None:
-        n_seg = min(MAX_SEGMENTS, block_tables.shape[1], max(1, target_programs(iq) // (n_req * n_qblk)))
+        n_seg = min(MAX_SEGMENTS, block_tables.shape[1],
+                    max(1, WAVES_PER_TARGET * target_programs(iq) // (n_req * n_qblk)))
     tile = min(page, 64)
     block_scores_kernel[(n_req * n_qblk, n_seg)](
         iq, data, sc, gs, scores, block_tables, seq_lens, qsl, n_qblk, n_seg,
@@ -77,7 +82,8 @@ def _launch_scores(iq, ik_cache, block_tables, seq_lens, qsl, init_blocks, score
         block_tables.stride(0), scores.stride(0), scores.stride(1),
         HI=hi, D=d, PAGE=page, TILE=tile, BLOCK_M=block_m, BLOCK_Q=block_q,
         INIT_BLOCKS=init_blocks, FMT=FMT_CODE[kv_format_of(ik_cache)],
-        F32=iq.dtype == torch.float32 or interpreting(), num_warps=4, num_stages=2,
+        F32=iq.dtype == torch.float32 or interpreting(), ASM=kv_format_of(ik_cache) is KVFormat.NVFP4 and nvfp4_asm(iq),
+        num_warps=4, num_stages=2,
     )
 
 

@@ -11,7 +11,7 @@ the TOPK best blocks, sorted (score desc, block id asc), -1 padded.
 import triton
 import triton.language as tl
 
-from m3bench.runtime.kernels.kv_tiles_triton import load_kv_tile, mma
+from m3bench.runtime.kernels.kv_tiles_triton import dot_operand, kv_tile_factor, load_kv_tile, mma
 
 INIT_SCORE = tl.constexpr(3.0e38)
 NO_BLOCK = tl.constexpr(2147483647)
@@ -23,6 +23,7 @@ def block_scores_kernel(
     s_qt, s_qh, s_kp, s_kt, s_ksp, s_kst, s_bt, s_st, s_sh,
     HI: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, TILE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, INIT_BLOCKS: tl.constexpr, FMT: tl.constexpr, F32: tl.constexpr,
+    ASM: tl.constexpr,
 ):
     pid = tl.program_id(0)
     seg = tl.program_id(1)
@@ -41,9 +42,8 @@ def block_scores_kernel(
     pos = seq_len - q_len + t
     cols = tl.arange(0, D)
     iq = tl.load(iq_ptr + tok[:, None] * s_qt + head[:, None] * s_qh + cols[None, :], mask=row_ok[:, None], other=0.0)
-    gs = 1.0
-    if FMT == 2:
-        gs = tl.load(ikgs_ptr)
+    iq = dot_operand(iq, FMT, F32)  # fp16 against FP8 / NVFP4 tiles
+    gs = kv_tile_factor(ikgs_ptr, FMT)  # NVFP4: the keys' global scale (x 64), applied to each block's max
 
     n_blocks = tl.cdiv(seq_len - q_len + tl.minimum(q_len, (qb + 1) * BLOCK_Q), PAGE)
     per_seg = tl.cdiv(n_blocks, n_seg)
@@ -58,11 +58,12 @@ def block_scores_kernel(
         for sub in range(PAGE // TILE):
             off = sub * TILE + toks
             kpos = blk * PAGE + off
-            ik = load_kv_tile(ik_ptr, iks_ptr, gs, page * s_kp + off.to(tl.int64) * s_kt,
-                              page * s_ksp + off.to(tl.int64) * s_kst, kpos < seq_len, FMT, TILE, D)
+            ik = load_kv_tile(ik_ptr, iks_ptr, page * s_kp + off.to(tl.int64) * s_kt,
+                              page * s_ksp + off.to(tl.int64) * s_kst, kpos < seq_len, FMT, TILE, D, ASM)
             s = mma(iq, tl.trans(ik), F32)
             ok = kpos[None, :] <= pos[:, None]
             best = tl.maximum(best, tl.max(tl.where(ok, s, float("-inf")), axis=1))
+        best = tl.where(best > float("-inf"), best * gs, best)  # gs > 0: the max commutes with it
         forced = tl.where((blk < INIT_BLOCKS) & (blk <= local), INIT_SCORE, best)
         score = tl.where(blk == local, float("inf"), forced)
         tl.store(out_row + blk, score, mask=row_ok)

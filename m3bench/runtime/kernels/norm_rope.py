@@ -1,5 +1,6 @@
 """Fused per-head RMSNorm + partial RoPE + KV-cache write (Triton): one launch per attention branch
-instead of the ~15 torch ops of norm, rotate, quantize and indexed store. The torch reference is
+(norm_rope_write) or for both branches of an MSA layer (norm_rope_write_pair) instead of the ~15
+torch ops of norm, rotate, quantize and indexed store each. The torch reference is
 the attention layer's own path (layers.norm.rms_norm, layers.rotary.apply_rope, KVCache.write).
 
     q = norm_rope_write(y, Branch(q_col=0, k_col=Hq*d, v_col=(Hq+Hkv)*d, hq=Hq, hk=Hkv, hv=Hkv, d=d),
@@ -46,33 +47,77 @@ def _cache_strides(cache: kq.PagedTensor, data: torch.Tensor, scales: torch.Tens
     return (data.stride(0), 0, data.stride(1), scales.stride(0), 0, scales.stride(1))  # index keys [pages, P, d]
 
 
+@dataclass(frozen=True)
+class BranchWrite:
+    """One branch of a norm_rope_write_pair launch: where its heads are, its norm weights (None: no
+    norm), its caches (v_cache None: no value heads) and optionally its query output."""
+
+    branch: Branch
+    q_weight: torch.Tensor | None
+    k_weight: torch.Tensor | None
+    k_cache: kq.PagedTensor
+    v_cache: kq.PagedTensor | None = None
+    q_out: torch.Tensor | None = None
+
+
 def norm_rope_write(y: torch.Tensor, b: Branch, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
                     eps: float, gemma: bool, cos: torch.Tensor, sin: torch.Tensor, slot_mapping: torch.Tensor,
                     k_cache: kq.PagedTensor, v_cache: kq.PagedTensor | None = None,
                     q_out: torch.Tensor | None = None) -> torch.Tensor:
+    """One branch, one launch: its query heads [T, hq, d] out, its keys (and values) into the caches."""
+    return _launch(y, (BranchWrite(b, q_weight, k_weight, k_cache, v_cache, q_out),), eps, gemma, cos, sin,
+                   slot_mapping)[0]
+
+
+def norm_rope_write_pair(y: torch.Tensor, main: BranchWrite, index: BranchWrite, eps: float, gemma: bool,
+                         cos: torch.Tensor, sin: torch.Tensor, slot_mapping: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both branches of an MSA layer (q/k/v and the index q/k) in one launch -> (q, iq); two launches
+    when their caches differ in format."""
+    if kq.kv_format_of(main.k_cache) is not kq.kv_format_of(index.k_cache):
+        return (_launch(y, (main,), eps, gemma, cos, sin, slot_mapping)[0],
+                _launch(y, (index,), eps, gemma, cos, sin, slot_mapping)[0])
+    return _launch(y, (main, index), eps, gemma, cos, sin, slot_mapping)
+
+
+def _launch(y, writes: tuple[BranchWrite, ...], eps, gemma, cos, sin, slot_mapping) -> tuple[torch.Tensor, ...]:
     from m3bench.runtime.kernels.norm_rope_triton import norm_rope_write_kernel
 
     half = cos.shape[-1]
-    if not norm_rope_supported(y, b.d, half) or y.stride(-1) != 1:
-        raise ValueError(f"norm_rope_write needs a [T, N] {DTYPES} row-contiguous input and a power-of-two "
-                         f"head dim >= 16 with rotary <= head dim; got {tuple(y.shape)} {y.dtype}, d={b.d}")
-    fmt = kq.kv_format_of(k_cache)
-    if v_cache is not None and kq.kv_format_of(v_cache) is not fmt:
-        raise ValueError("K and V caches must share one format")
-    v_cache = k_cache if v_cache is None else v_cache
-    kd, ks, kgs = cache_kernel_args(k_cache)
-    vd, vs, vgs = cache_kernel_args(v_cache)
-    n_tok = y.shape[0]
-    q_out = y.new_empty((n_tok, b.hq, b.d)) if q_out is None else q_out
-    norm = q_weight is not None
+    for w in writes:
+        if not norm_rope_supported(y, w.branch.d, half) or y.stride(-1) != 1:
+            raise ValueError(f"norm_rope_write needs a [T, N] {DTYPES} row-contiguous input and a power-of-two "
+                             f"head dim >= 16 with rotary <= head dim; got {tuple(y.shape)} {y.dtype}, "
+                             f"d={w.branch.d}")
+    args = [_branch_args(y, w) for w in writes]
+    outs = tuple(a[0] for a in args)
+    first, second = args[0], args[-1]
+    n_tok, b, b2 = y.shape[0], writes[0].branch, writes[-1].branch
     cos, sin = cos.float().contiguous(), sin.float().contiguous()
+    heads = sum(w.branch.hq + w.branch.hk + w.branch.hv for w in writes)
     if n_tok:
-        norm_rope_write_kernel[(n_tok, b.hq + b.hk + b.hv)](
-            y, q_out, q_weight if norm else y, k_weight if norm else y, cos, sin, slot_mapping,
-            kd, ks, kgs, vd, vs, vgs, float(eps), b.q_col, b.k_col, b.v_col, y.stride(0),
-            q_out.stride(0), q_out.stride(1), cos.stride(0),
-            *_cache_strides(k_cache, kd, ks), *_cache_strides(v_cache, vd, vs),
-            HQ=b.hq, HK=b.hk, D=b.d, HALF=half, PAGE=k_cache.shape[-2], NORM=norm, GEMMA=gemma,
-            ROPE=half > 0, FMT=FMT_CODE[fmt], num_warps=1 if b.d <= 128 else 2,
+        norm_rope_write_kernel[(n_tok, heads)](
+            y, cos, sin, slot_mapping, float(eps), y.stride(0), cos.stride(0), *first, *second,
+            HQ=b.hq, HK=b.hk, HV=b.hv, D=b.d, NORM=writes[0].q_weight is not None,
+            HQ2=b2.hq, HK2=b2.hk, D2=b2.d, NORM2=writes[-1].q_weight is not None,
+            HALF=half, PAGE=writes[0].k_cache.shape[-2], GEMMA=gemma, ROPE=half > 0,
+            FMT=FMT_CODE[kq.kv_format_of(writes[0].k_cache)], TWO=len(writes) == 2,
+            num_warps=1 if max(b.d, b2.d) <= 128 else 2,
         )
-    return q_out
+    return outs
+
+
+def _branch_args(y: torch.Tensor, w: BranchWrite) -> tuple:
+    """The kernel arguments of one branch, in its order (q_out first: the caller returns it)."""
+    fmt = kq.kv_format_of(w.k_cache)
+    if w.v_cache is not None and kq.kv_format_of(w.v_cache) is not fmt:
+        raise ValueError("K and V caches must share one format")
+    v_cache = w.k_cache if w.v_cache is None else w.v_cache
+    kd, ks, kgs = cache_kernel_args(w.k_cache)
+    vd, vs, vgs = cache_kernel_args(v_cache)
+    b = w.branch
+    q_out = y.new_empty((y.shape[0], b.hq, b.d)) if w.q_out is None else w.q_out
+    norm = w.q_weight is not None
+    return (q_out, w.q_weight if norm else y, w.k_weight if norm else y, kd, ks, kgs, vd, vs, vgs,
+            b.q_col, b.k_col, b.v_col, q_out.stride(0), q_out.stride(1),
+            *_cache_strides(w.k_cache, kd, ks), *_cache_strides(v_cache, vd, vs))

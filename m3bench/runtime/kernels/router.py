@@ -2,6 +2,10 @@
 the fp32 router logits in one launch. The torch reference is `layers.moe.route`'s torch path.
 
     w, ids = router_topk(logits, bias, top_k, scale)   # logits [T, E] fp32 -> [T, k] fp32, [T, k] int64
+    w, local_ids, alignment = router_topk_align(logits, bias, top_k, scale, first, n_local, block_m, shared)
+
+`router_topk_align` (T <= ALIGN_TOKENS) also lays the rank's picks out for the fused MoE (kernels.moe.
+moe_align's MoeAlignment, the shared expert's pairs included when `shared`) in the same launch.
 """
 
 from __future__ import annotations
@@ -11,12 +15,19 @@ import math
 import torch
 
 from m3bench.runtime.kernels.backend import next_pow2
+from m3bench.runtime.kernels.moe_align import MoeAlignment, align_slots
+
+ALIGN_TOKENS = 16  # router_topk_align runs as one program: its rows stay in registers
+
+
+def router_shapes_supported(n_experts: int, top_k: int) -> bool:
+    """The kernels' shapes: E a power of two up to 1024, 1 <= k <= E."""
+    return n_experts == next_pow2(n_experts) and n_experts <= 1024 and 1 <= top_k <= n_experts
 
 
 def router_topk_supported(logits: torch.Tensor, top_k: int) -> bool:
-    """The kernel's shapes: fp32 logits, E a power of two up to 1024, 1 <= k <= E."""
-    e = logits.shape[-1]
-    return logits.dtype == torch.float32 and e == next_pow2(e) and e <= 1024 and 1 <= top_k <= e
+    """fp32 logits [T, E] of the kernel's shapes."""
+    return logits.dtype == torch.float32 and router_shapes_supported(logits.shape[-1], top_k)
 
 
 def router_topk(logits: torch.Tensor, bias: torch.Tensor | None, top_k: int, scale: float,
@@ -38,3 +49,35 @@ def router_topk(logits: torch.Tensor, bias: torch.Tensor | None, top_k: int, sca
         E=n_exp, K=top_k, KP=next_pow2(top_k), BLOCK_T=block_t, HAS_BIAS=bias is not None, num_warps=4,
     )
     return w, ids
+
+
+def router_align_supported(n_tok: int, n_experts: int, top_k: int) -> bool:
+    """router_topk_align's shapes: at most ALIGN_TOKENS tokens (one program)."""
+    return n_tok <= ALIGN_TOKENS and router_shapes_supported(n_experts, top_k)
+
+
+def router_topk_align(logits: torch.Tensor, bias: torch.Tensor | None, top_k: int, scale: float, first: int,
+                      n_local: int, block_m: int, shared: bool) -> tuple[torch.Tensor, torch.Tensor, MoeAlignment]:
+    """router_topk, the ids made local (minus `first`), and moe_align(local ids, n_local, block_m,
+    n_shared = T if shared) of the same picks, in one launch."""
+    from m3bench.runtime.kernels.router_triton import router_align_kernel
+
+    if not (router_topk_supported(logits, top_k) and router_align_supported(*logits.shape, top_k)
+            and logits.stride(-1) == 1):
+        raise ValueError(f"router_topk_align needs contiguous fp32 logits of at most {ALIGN_TOKENS} tokens and a "
+                         f"power-of-two expert count, got {tuple(logits.shape)} {logits.dtype}")
+    n_tok, n_exp = logits.shape
+    dev = logits.device
+    w = torch.empty((n_tok, top_k), dtype=torch.float32, device=dev)
+    ids = torch.empty((n_tok, top_k), dtype=torch.int64, device=dev)
+    n_slots = align_slots(n_tok * top_k, n_local, block_m, n_tok if shared else 0)
+    out = MoeAlignment(torch.empty((n_slots,), dtype=torch.int32, device=dev),
+                       torch.empty((n_slots // block_m,), dtype=torch.int32, device=dev),
+                       torch.empty((1,), dtype=torch.int32, device=dev))
+    router_align_kernel[(1,)](
+        logits, logits if bias is None else bias, w, ids, n_tok, float(scale), logits.stride(0), int(first),
+        out.sorted_ids, out.block_expert, out.n_post, E=n_exp, K=top_k, KP=next_pow2(top_k),
+        BLOCK_T=next_pow2(max(n_tok, 1)), HAS_BIAS=bias is not None, E_LOCAL=n_local, BLOCK_M=block_m,
+        SHARED=shared, num_warps=4,
+    )
+    return w, ids, out

@@ -4,19 +4,21 @@ Grid (cdiv(T, BLOCK_T),): one program loads BLOCK_T rows of the fp32 router logi
 power of two), takes top-k by sigmoid + bias with k rounds of arg-max (ties: the lowest expert id,
 highest first as torch.topk returns them), and writes the unbiased sigmoid weights of the chosen
 experts renormalised to sum 1 times `scale`, with the expert ids (int64).
+`router_align_kernel` (one program, T <= BLOCK_T) goes on to the fused MoE's alignment
+(moe_triton.align_pairs) of the picks that land on this rank's experts [first, first + E_LOCAL) (and
+the shared expert's pairs): the routing and the MoE's first launch in one.
 """
 
 import triton
 import triton.language as tl
 
+from m3bench.runtime.kernels.moe_triton import align_pairs
+
 
 @triton.jit
-def router_topk_kernel(
-    logit_ptr, bias_ptr, w_ptr, id_ptr, n_tok, scale, s_lt,
-    E: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, BLOCK_T: tl.constexpr, HAS_BIAS: tl.constexpr,
-):
-    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    ok = rows < n_tok
+def _topk_rows(logit_ptr, bias_ptr, rows, ok, scale, s_lt, E: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
+               BLOCK_T: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """(weights [BLOCK_T, KP] fp32, expert ids [BLOCK_T, KP] int32) of the rows' top-k picks (slots >= K: 0)."""
     ex = tl.arange(0, E)
     logits = tl.load(logit_ptr + rows[:, None].to(tl.int64) * s_lt + ex[None, :], mask=ok[:, None], other=0.0)
     s = 1.0 / (1.0 + tl.exp(-logits))
@@ -34,8 +36,51 @@ def router_topk_kernel(
         w_acc = tl.where(slot[None, :] == j, w_j[:, None], w_acc)
         id_acc = tl.where(slot[None, :] == j, pick[:, None], id_acc)
         choice = tl.where(hit, float("-inf"), choice)
-    w_acc = w_acc / tl.sum(w_acc, axis=1)[:, None] * scale
+    return w_acc / tl.sum(w_acc, axis=1)[:, None] * scale, id_acc
+
+
+@triton.jit
+def router_topk_kernel(
+    logit_ptr, bias_ptr, w_ptr, id_ptr, n_tok, scale, s_lt,
+    E: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, BLOCK_T: tl.constexpr, HAS_BIAS: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    ok = rows < n_tok
+    w_acc, id_acc = _topk_rows(logit_ptr, bias_ptr, rows, ok, scale, s_lt, E, K, KP, BLOCK_T, HAS_BIAS)
+    slot = tl.arange(0, KP)
     out = rows[:, None].to(tl.int64) * K + slot[None, :]
     keep = ok[:, None] & (slot[None, :] < K)
     tl.store(w_ptr + out, w_acc, mask=keep)
     tl.store(id_ptr + out, id_acc.to(tl.int64), mask=keep)
+
+
+@triton.jit(do_not_specialize=["n_tok", "first"])
+def router_align_kernel(
+    logit_ptr, bias_ptr, w_ptr, id_ptr, n_tok, scale, s_lt, first, sorted_ptr, block_expert_ptr, n_post_ptr,
+    E: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, BLOCK_T: tl.constexpr, HAS_BIAS: tl.constexpr,
+    E_LOCAL: tl.constexpr, BLOCK_M: tl.constexpr, SHARED: tl.constexpr,
+):
+    """router_topk_kernel for all T <= BLOCK_T tokens (ids stored local: minus `first`), then
+    moe_align_kernel's layout of the local picks:
+    pair t * K + k (local expert id - first), the shared expert (SHARED: local id E_LOCAL) pairs
+    T * K + t; padding marker T * K (+ T)."""
+    rows = tl.arange(0, BLOCK_T)
+    ok = rows < n_tok
+    w_acc, id_acc = _topk_rows(logit_ptr, bias_ptr, rows, ok, scale, s_lt, E, K, KP, BLOCK_T, HAS_BIAS)
+    slot = tl.arange(0, KP)
+    pair = rows[:, None] * K + slot[None, :]
+    keep = ok[:, None] & (slot[None, :] < K)
+    local = id_acc - first
+    tl.store(w_ptr + pair, w_acc, mask=keep)
+    tl.store(id_ptr + pair, local.to(tl.int64), mask=keep)  # local ids (other ranks': outside [0, E_LOCAL))
+    local = tl.where(keep & (local >= 0) & (local < E_LOCAL), local, -1)
+    n_pairs = n_tok * K
+    marker = n_pairs
+    if SHARED:
+        marker = n_pairs + n_tok
+    start = align_pairs(tl.reshape(local, (BLOCK_T * KP,)), tl.reshape(pair, (BLOCK_T * KP,)), marker,
+                        n_tok * 0, sorted_ptr, block_expert_ptr, E_LOCAL, BLOCK_M)
+    if SHARED:  # every token's pair with the shared expert, after the routed ones
+        start = align_pairs(tl.where(ok, 0, -1), n_pairs + rows, marker, start, sorted_ptr, block_expert_ptr,
+                            1, BLOCK_M, E_LOCAL)
+    tl.store(n_post_ptr, start)

@@ -22,7 +22,13 @@ from m3bench.runtime.attention import kernel_backend_of
 from m3bench.runtime.attention.metadata import AttnMetadata
 from m3bench.runtime.config import AttnKind, ModelConfig, NormKind
 from m3bench.runtime.kernels.backend import use_triton
-from m3bench.runtime.kernels.norm_rope import Branch, norm_rope_supported, norm_rope_write
+from m3bench.runtime.kernels.norm_rope import (
+    Branch,
+    BranchWrite,
+    norm_rope_supported,
+    norm_rope_write,
+    norm_rope_write_pair,
+)
 from m3bench.runtime.kv_cache import KVCache
 from m3bench.runtime.layers.linear import ColumnParallelLinear, RowParallelLinear, Segment, WeightSlot
 from m3bench.runtime.layers.norm import RMSNorm
@@ -56,6 +62,7 @@ class Attention(nn.Module):
         self.index_q_norm = norm(cfg.msa.index_dim) if self.sparse else None
         self.index_k_norm = norm(cfg.msa.index_dim) if self.sparse else None
         self.index_pick: slice | None = None  # replicated index projection: this rank's heads
+        self.fuse_branches = True  # fused path, MSA layers: both branches' norm + RoPE + write in one launch
 
     def replicate_index_projection(self) -> None:
         """Every index head computed on this rank, the ones of its KV heads kept (call before loading)."""
@@ -104,22 +111,25 @@ class Attention(nn.Module):
             not self.sparse or norm_rope_supported(y, self.cfg.msa.index_dim, half))
 
     def _prepare_fused(self, y, cos, sin, meta: AttnMetadata, kv: KVCache):
-        """As _prepare_torch, one Triton launch per branch (kernels.norm_rope)."""
+        """As _prepare_torch, one Triton launch per branch, or one for both (fuse_branches: kernels.norm_rope)."""
         sizes, d = self.qkv.local_sizes, self.head_dim
         at = list(accumulate((0, *sizes)))
         k, v, ik = kv.pages(self.layer)
         gemma, eps = self.cfg.norm is NormKind.GEMMA, self.cfg.rms_norm_eps
         weight = lambda norm: None if norm is None else norm.weight  # noqa: E731
-        main = Branch(at[0], at[1], at[2], sizes[0] // d, sizes[1] // d, sizes[2] // d, d)
-        q = norm_rope_write(y, main, weight(self.q_norm), weight(self.k_norm), eps, gemma, cos, sin,
-                            meta.slot_mapping, k, v)
+        main = BranchWrite(Branch(at[0], at[1], at[2], sizes[0] // d, sizes[1] // d, sizes[2] // d, d),
+                           weight(self.q_norm), weight(self.k_norm), k, v)
         if not self.sparse:
-            return q, None
+            return norm_rope_write(y, main.branch, main.q_weight, main.k_weight, eps, gemma, cos, sin,
+                                   meta.slot_mapping, k, v), None
         di = self.cfg.msa.index_dim
-        index = Branch(at[3], at[4], 0, sizes[3] // di, 1, 0, di)
-        iq = norm_rope_write(y, index, self.index_q_norm.weight, self.index_k_norm.weight, eps, gemma, cos, sin,
-                             meta.slot_mapping, ik)
-        return q, iq
+        index = BranchWrite(Branch(at[3], at[4], 0, sizes[3] // di, 1, 0, di), self.index_q_norm.weight,
+                            self.index_k_norm.weight, ik)
+        if self.fuse_branches:
+            return norm_rope_write_pair(y, main, index, eps, gemma, cos, sin, meta.slot_mapping)
+        write = lambda w: norm_rope_write(y, w.branch, w.q_weight, w.k_weight, eps, gemma, cos, sin,  # noqa: E731
+                                          meta.slot_mapping, w.k_cache, w.v_cache)
+        return write(main), write(index)
 
     @staticmethod
     def _norm_rope(x: torch.Tensor, norm: RMSNorm | None, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,8 @@ range and contribute nothing), and the one all-reduce that sums the shared exper
 partials also combines the experts' outputs. Under attention data parallelism (`ep` given, the rest
 replicated) ranks hold different tokens: `exchange` (layers/moe_exchange.py) takes them to the experts'
 owners and back. On CUDA the routed experts run as one fused Triton MoE (`kernels.moe.fused_moe`:
-no host reads, CUDA-graph safe); the torch path (tokens grouped by expert with a sort, counts read
+no host reads, CUDA-graph safe), the shared expert inside it as one more expert (`fuse_shared`; not
+with `exchange`); the torch path (tokens grouped by expert with a sort, counts read
 on the host) stays for CPU and float64 and is the reference. `kernel_backend` forces either one.
 Built under `linear_format(LinearFormat.MXFP8)` the experts are float8_e4m3fn with E8M0 scales
 (`w_gate_up_scale` [E, 2 I, H/32], `w_down_scale` [E, H, I/32]); under NVFP4_EXPERTS they are packed E2M1
@@ -30,8 +31,8 @@ from torch import nn
 from m3bench.runtime import quant
 from m3bench.runtime.config import Activation, MoeConfig
 from m3bench.runtime.kernels.backend import KernelBackend, use_triton
-from m3bench.runtime.kernels.moe import MoeActivation, MoeScales, fused_moe
-from m3bench.runtime.kernels.router import router_topk, router_topk_supported
+from m3bench.runtime.kernels.moe import MoeActivation, MoeAlignment, MoeScales, MoeTiles, SharedExpert, fused_moe, moe_tiles
+from m3bench.runtime.kernels.router import router_align_supported, router_topk, router_topk_align, router_topk_supported
 from m3bench.runtime.layers.activation import split_gate_up
 from m3bench.runtime.layers.linear import WeightSlot
 from m3bench.runtime.layers.mlp import GatedMLP
@@ -41,10 +42,12 @@ from m3bench.runtime.parallel import SINGLE, TPGroup
 
 
 def route(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, top_k: int,
-          scale: float, backend: KernelBackend = KernelBackend.TORCH) -> tuple[torch.Tensor, torch.Tensor]:
+          scale: float, backend: KernelBackend = KernelBackend.TORCH, x_router: torch.Tensor | None = None
+          ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [T, H] -> (weights [T, k] in the router's dtype, expert ids [T, k] int64); the epilogue after
-    the GEMM runs as one Triton kernel (kernels.router) when the backend picks Triton."""
-    logits = F.linear(x.to(weight.dtype), weight)
+    the GEMM runs as one Triton kernel (kernels.router) when the backend picks Triton. x_router: x
+    already in the router's dtype (SparseMoe.router_input), else x is cast."""
+    logits = F.linear(router_logits_input(x, weight, x_router), weight)
     if use_triton(backend, logits) and router_topk_supported(logits, top_k):
         return router_topk(logits, bias, top_k, scale)
     s = torch.sigmoid(logits)
@@ -52,6 +55,10 @@ def route(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, top_
     ids = choice.topk(top_k, dim=-1).indices
     w = s.gather(1, ids)
     return w / w.sum(-1, keepdim=True) * scale, ids
+
+
+def router_logits_input(x: torch.Tensor, weight: torch.Tensor, x_router: torch.Tensor | None) -> torch.Tensor:
+    return x.to(weight.dtype) if x_router is None else x_router
 
 
 def group_by_expert(ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
@@ -81,6 +88,9 @@ class SparseMoe(nn.Module):
         self.exchange = None  # attention DP: the ExpertExchange every rank's tokens go through
         self.kernel_backend = KernelBackend.AUTO  # AUTO: fused Triton MoE on CUDA, torch elsewhere
         self.fuse_router = True  # the router epilogue follows kernel_backend (off: always torch)
+        self.fuse_shared = True  # the shared expert inside the fused MoE's launches (plain weights; off: its own GEMMs)
+        self.fuse_align = True  # <= 16 tokens: the router epilogue also aligns the picks for the fused MoE (one launch)
+        self.fuse_router_input = True  # the post-attention add + norm also writes the router's fp32 input (no cast)
         inter = m.intermediate_size  # routed experts are whole on their rank (expert parallelism)
         self.first_expert, local = self.ep.expert_range(m.num_experts)
         rdt = compute_dtype(dtype)
@@ -93,16 +103,67 @@ class SparseMoe(nn.Module):
         self.shared = (GatedMLP(hidden, m.shared_intermediate_size, act, alpha, limit, dtype, device, tp,
                                 reduce=False) if m.shared_intermediate_size else None)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, x_router: torch.Tensor | None = None) -> torch.Tensor:
+        """x [T, H] -> [T, H]; x_router: x in the router's dtype when the caller has it (router_input)."""
+        if self.exchange is None and self.align_fusable(x):
+            return self.tp.all_reduce(self.routed_and_aligned(x, x_router)).to(x.dtype)
         w, ids = route(x, self.router_weight, self.router_bias, self.m.top_k, self.m.routed_scaling_factor,
-                       self.kernel_backend if self.fuse_router else KernelBackend.TORCH)
+                       self.kernel_backend if self.fuse_router else KernelBackend.TORCH, x_router)
+        local = ids - self.first_expert if self.first_expert else ids  # local expert ids
         if self.exchange is not None:  # attention DP: every rank's tokens meet the experts' owners
             y = self.exchange.dispatch(self, x, w, ids)
+        elif self.shared_fusable(x):
+            return self.tp.all_reduce(self.fused_experts(x, w, local, self.shared_expert())).to(x.dtype)
         else:
-            y = self.experts(x, w, ids - self.first_expert if self.first_expert else ids)  # local expert ids
+            y = self.experts(x, w, local)
         if self.shared is not None:
             y = y + self.shared(x).to(y.dtype)
         return self.tp.all_reduce(y).to(x.dtype)
+
+    def align_fusable(self, x: torch.Tensor) -> bool:
+        """The router's kernel aligns the picks too: switched on with the fused router, the fused MoE, few tokens."""
+        return (self.fuse_align and self.fuse_router and x.dtype != torch.float64 and use_triton(self.kernel_backend, x)
+                and self.router_weight.dtype == torch.float32
+                and router_align_supported(x.shape[0], self.m.num_experts, self.m.top_k))
+
+    def router_input(self, like: torch.Tensor, backend: KernelBackend) -> torch.Tensor | None:
+        """An fp32 buffer for the post-attention norm to write the router's input into (fused path, low-precision
+        activations: saves the cast launch), else None."""
+        if not (self.fuse_router_input and self.fuse_router and use_triton(backend, like)
+                and use_triton(self.kernel_backend, like) and like.dtype in (torch.bfloat16, torch.float16)
+                and self.router_weight.dtype == torch.float32):
+            return None
+        return torch.empty(like.shape, dtype=torch.float32, device=like.device)
+
+    def routed_and_aligned(self, x: torch.Tensor, x_router: torch.Tensor | None = None) -> torch.Tensor:
+        """route + fused experts (+ the shared expert when fusable) with the alignment made by the router's kernel."""
+        shared = self.shared_expert() if self.shared_fusable(x) else None
+        tiles = self.expert_tiles(x, shared)
+        logits = F.linear(router_logits_input(x, self.router_weight, x_router), self.router_weight)
+        w, ids, alignment = router_topk_align(logits, self.router_bias, self.m.top_k, self.m.routed_scaling_factor,
+                                              self.first_expert, self.w_down.shape[0], tiles.block_m, shared is not None)
+        y = self.fused_experts(x, w, ids, shared, alignment, tiles)
+        if shared is None and self.shared is not None:
+            y = y + self.shared(x).to(y.dtype)
+        return y
+
+    def expert_tiles(self, x: torch.Tensor, shared: SharedExpert | None) -> MoeTiles:
+        """The fused MoE's tiles for x [T, H] (what fused_moe would pick)."""
+        n_tok, inter = x.shape[0], self.w_gate_up.shape[1] // 2
+        return moe_tiles(n_tok * self.m.top_k, self.w_down.shape[0], inter, x.shape[1], shared.inter if shared else 0,
+                         n_tok)
+
+    def shared_fusable(self, x: torch.Tensor) -> bool:
+        """The shared expert runs inside the fused MoE: switched on, Triton, plain routed and shared weights."""
+        s = self.shared
+        return (self.fuse_shared and s is not None and x.dtype != torch.float64 and use_triton(self.kernel_backend, x)
+                and self.w_down_scale is None and s.gate_up.weight_scale is None and s.down.weight_scale is None
+                and s.gate_up.bias is None and s.down.bias is None)
+
+    def shared_expert(self) -> SharedExpert:
+        """Views of the shared expert's (this rank's slice of the) weights as the fused MoE takes them."""
+        gu, inter = self.shared.gate_up.weight, self.shared.gate_up.local_sizes[0]
+        return SharedExpert(gu[:inter], gu[inter:], self.shared.down.weight)
 
     def experts(self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Routed experts' weighted sum [T, H], accumulated in fp32 (fp64 for fp64 models)."""
@@ -110,12 +171,14 @@ class SparseMoe(nn.Module):
             return self.fused_experts(x, w, ids)
         return self.torch_experts(x, w, ids)
 
-    def fused_experts(self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """The fused Triton MoE (fp32 accumulation inside; result in x's dtype)."""
+    def fused_experts(self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, shared: SharedExpert | None = None,
+                      alignment: MoeAlignment | None = None, tiles: MoeTiles | None = None) -> torch.Tensor:
+        """The fused Triton MoE (fp32 accumulation inside; result in x's dtype), the shared expert in it when given."""
         inter = self.w_gate_up.shape[1] // 2
         return fused_moe(x.contiguous(), self.w_gate_up[:, :inter], self.w_gate_up[:, inter:], self.w_down,
                          ids, w, MoeActivation(self.act.value), self.alpha, self.limit,
-                         backend=KernelBackend.TRITON, scales=self.expert_scales())
+                         backend=KernelBackend.TRITON, tiles=tiles, scales=self.expert_scales(), shared=shared,
+                         alignment=alignment)
 
     def expert_scales(self) -> MoeScales | None:
         """The experts' block scales as the fused MoE takes them (None: plain weights)."""

@@ -28,12 +28,17 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, kind: NormKind) 
 
 
 def add_rms_norm(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float, kind: NormKind,
-                 backend: KernelBackend = KernelBackend.TORCH) -> tuple[torch.Tensor, torch.Tensor]:
-    """(h, norm(h)) with h = residual + x."""
+                 backend: KernelBackend = KernelBackend.TORCH, y32_out: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h, norm(h)) with h = residual + x; y32_out (fp32 [T, H]) also receives norm(h) widened."""
     if use_triton(backend, x) and add_norm_supported(residual, x):
-        return add_rms_norm_fused(residual.contiguous(), x.contiguous(), weight, eps, kind is NormKind.GEMMA)
+        return add_rms_norm_fused(residual.contiguous(), x.contiguous(), weight, eps, kind is NormKind.GEMMA,
+                                  y32_out=y32_out)
     h = residual + x
-    return h, rms_norm(h, weight, eps, kind)
+    y = rms_norm(h, weight, eps, kind)
+    if y32_out is not None:
+        y32_out.copy_(y)
+    return h, y
 
 
 def neutral_value(kind: NormKind) -> float:
@@ -52,7 +57,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.weight, self.eps, self.kind)
 
-    def add_forward(self, residual: torch.Tensor, x: torch.Tensor,
-                    backend: KernelBackend = KernelBackend.TORCH) -> tuple[torch.Tensor, torch.Tensor]:
-        """(residual + x, this norm of it), fused on the Triton backend."""
-        return add_rms_norm(residual, x, self.weight, self.eps, self.kind, backend)
+    def add_forward(self, residual: torch.Tensor, x: torch.Tensor, backend: KernelBackend = KernelBackend.TORCH,
+                    y32_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(residual + x, this norm of it), fused on the Triton backend (y32_out: the norm widened too)."""
+        return add_rms_norm(residual, x, self.weight, self.eps, self.kind, backend, y32_out)

@@ -91,3 +91,75 @@ def test_fused_moe_skips_other_ranks_experts():
     got = moe.fused_experts(x, w, ids).double()
     assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
     assert torch.allclose(got[3], torch.zeros_like(got[3]))  # no local expert at all
+
+
+@pytest.mark.parametrize("n_tok", [2, 7])  # 2: the split-K skinny path
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+def test_shared_expert_inside_the_fused_moe(n_tok, dtype, tol, monkeypatch):
+    from m3bench.runtime.layers.mlp import GatedMLP
+
+    cfg = tiny_config(hidden_size=256)  # wide enough for the skinny path to split the reduction
+    moe: SparseMoe = M3ForCausalLM(cfg, dtype=dtype).layers[1].mlp
+    g = torch.Generator().manual_seed(12)
+    for p in (moe.w_gate_up, moe.w_down, moe.router_weight, moe.shared.gate_up.weight, moe.shared.down.weight):
+        p.copy_(torch.randn(p.shape, generator=g) * p.shape[-1] ** -0.5)
+    x = torch.randn(n_tok, cfg.hidden_size, generator=g).to(dtype)
+    moe.kernel_backend = KernelBackend.TRITON
+    moe.fuse_shared = False
+    apart = moe(x).double()
+    calls = []
+    real = GatedMLP.forward
+    monkeypatch.setattr(GatedMLP, "forward", lambda self, h: calls.append(1) or real(self, h))
+    moe.fuse_shared = True
+    assert moe.shared_fusable(x)
+    fused = moe(x).double()
+    assert calls == [], "the shared expert ran its own GEMMs"
+    moe.kernel_backend = KernelBackend.TORCH
+    want = moe(x).double()
+    assert calls == [1]
+    assert torch.allclose(fused, want, atol=tol, rtol=tol), (fused - want).abs().max()
+    assert torch.allclose(apart, want, atol=tol, rtol=tol), (apart - want).abs().max()
+
+
+@pytest.mark.parametrize("n_tok", [3, 20])  # 20: past router_topk_align's 16 tokens, the separate launches
+def test_router_aligns_for_the_fused_moe(n_tok, monkeypatch):
+    from m3bench.runtime.layers import moe as moe_layer
+
+    cfg = tiny_config()
+    model = M3ForCausalLM(cfg, dtype=torch.float32)
+    model.init_dummy(8)
+    moe: SparseMoe = model.layers[1].mlp
+    moe.kernel_backend = KernelBackend.TRITON
+    x = torch.randn(n_tok, cfg.hidden_size, generator=torch.Generator().manual_seed(13))
+    calls = []
+    real = moe_layer.router_topk_align
+    monkeypatch.setattr(moe_layer, "router_topk_align", lambda *a: calls.append(1) or real(*a))
+    got = moe(x)
+    assert len(calls) == (n_tok <= 16)
+    moe.fuse_align = False
+    assert torch.equal(got, moe(x)) and len(calls) == (n_tok <= 16)
+    moe.kernel_backend = KernelBackend.TORCH
+    want = moe(x)
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (got - want).abs().max()
+
+
+def test_post_attention_norm_hands_the_router_its_fp32_input(monkeypatch):
+    # bf16 on the Triton backend: the router takes the norm's fp32 copy (no cast launch), same outputs.
+    cfg = tiny_config()
+    model = M3ForCausalLM(cfg, dtype=torch.bfloat16, backend=TritonBackend())
+    model.init_dummy(9)
+    layer = model.layers[1]
+    layer.mlp.kernel_backend = KernelBackend.TRITON
+    seen = []
+    real = SparseMoe.forward
+    monkeypatch.setattr(SparseMoe, "forward", lambda self, y, xr=None: seen.append(xr is not None) or real(self, y, xr))
+    outs = []
+    for on in (True, False):
+        layer.mlp.fuse_router_input = on
+        kv = KVCache(cfg, 4, P, KVDtype.BF16, torch.bfloat16)
+        meta = build_attn_metadata([3], [3], [[0]], P)
+        h = torch.randn(3, cfg.hidden_size, generator=torch.Generator().manual_seed(14)).bfloat16()
+        cos, sin = model.rope.cos_sin(meta.positions)
+        outs.append(layer.forward_parts(h, layer.input_norm(h), cos, sin, meta, kv, model.backend))
+    assert seen == [True, False]
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])

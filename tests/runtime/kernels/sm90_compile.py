@@ -20,6 +20,7 @@ from triton.compiler import ASTSource
 from m3bench.runtime.kernels import (
     add_norm_triton,
     attention_triton,
+    gated_act_triton,
     kv_write_triton,
     moe_quant_triton,
     moe_triton,
@@ -33,12 +34,12 @@ from m3bench.runtime.kernels import kv_quant as kq
 from m3bench.runtime.kernels.attention import paged_attention
 from m3bench.runtime.kernels.backend import KernelBackend
 from m3bench.runtime.kernels.kv_write import write_pages
-from m3bench.runtime.kernels.moe import MoeScales, MoeTiles, fused_moe
+from m3bench.runtime.kernels.moe import MoeScales, MoeTiles, SharedExpert, fused_moe
 from m3bench.runtime.kernels.mxfp8 import mxfp8_linear
 from m3bench.runtime.kernels.msa_index import msa_select_blocks
 from m3bench.runtime.kernels.add_norm import add_rms_norm_fused
-from m3bench.runtime.kernels.norm_rope import Branch, norm_rope_write
-from m3bench.runtime.kernels.router import router_topk
+from m3bench.runtime.kernels.norm_rope import Branch, BranchWrite, norm_rope_write, norm_rope_write_pair
+from m3bench.runtime.kernels.router import router_topk, router_topk_align
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.uint8: "u8",
            torch.int32: "i32", torch.int64: "i64", torch.float8_e4m3fn: "fp8e4nv"}
@@ -76,7 +77,7 @@ def compile_launch(fn, args, kwargs):
 
 def record_all(q_lens):
     for mod in (attention_triton, msa_index_triton, moe_triton, kv_write_triton, mxfp8_triton, router_triton,
-                add_norm_triton, norm_rope_triton, mx_tiles_triton, moe_quant_triton):
+                add_norm_triton, norm_rope_triton, mx_tiles_triton, moe_quant_triton, gated_act_triton):
         for name in dir(mod):
             if isinstance(getattr(mod, name), triton.JITFunction) and name.endswith("_kernel"):
                 setattr(mod, name, Recorder(getattr(mod, name)))
@@ -102,15 +103,33 @@ def record_all(q_lens):
         nvfp4_ik = kq.Nvfp4Pages(*kq.quantize_nvfp4(x[:, 0], 1.0), torch.ones(1))
         for ik in (x[:, 0].to(torch.bfloat16), kq.quantize_fp8(x[:, 0]), nvfp4_ik):
             msa_select_blocks(iq, ik, bt, lens, qsl, 16, max_query_len=q_len, backend=T)
+        record_nvfp4_asm(q, iq, caches["nvfp4"], nvfp4_ik, bt, lens, qsl, sel, q_len)
     for n_tok in (1, 64):
         xs = torch.randn(n_tok, 6144).to(torch.bfloat16)
         wg = torch.empty(16, 3072, 6144, dtype=torch.bfloat16)
         wd = torch.empty(16, 6144, 3072, dtype=torch.bfloat16)
         ids = torch.randint(0, 16, (n_tok, 4), dtype=torch.int32)
         fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T)
+        ws = torch.empty(384, 6144, dtype=torch.bfloat16)  # the shared expert inside (split-K at batch 1)
+        fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T,
+                  shared=SharedExpert(ws, ws, torch.empty(6144, 384, dtype=torch.bfloat16)))
     fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T, tiles=MoeTiles(64, 128, 64, 8, 3))
     record_mxfp8(T)
     record_fused(caches, x[:, 0])
+
+
+def record_nvfp4_asm(q, iq, cache, ik, bt, lens, qsl, sel, q_len):
+    """The NVFP4 decode in PTX (kv_tiles_triton.nvfp4_to_f16_asm), chosen on CUDA tensors only."""
+    from m3bench.runtime.kernels import attention, msa_index
+
+    T = KernelBackend.TRITON
+    attention.nvfp4_asm = msa_index.nvfp4_asm = lambda t: True
+    try:
+        paged_attention(q, cache, cache, bt, lens, qsl, 0.088, max_query_len=q_len, backend=T)
+        paged_attention(q, cache, cache, bt, lens, qsl, 0.088, selected_blocks=sel, max_query_len=q_len, backend=T)
+        msa_select_blocks(iq, ik, bt, lens, qsl, 16, max_query_len=q_len, backend=T)
+    finally:
+        attention.nvfp4_asm = msa_index.nvfp4_asm = lambda t: False
 
 
 def record_mxfp8(T):
@@ -146,8 +165,15 @@ def record_mxfp8(T):
 def record_fused(caches, x3):
     """The fused ops at the rank's shapes: router epilogue, residual add + norm, norm + RoPE + KV write."""
     router_topk(torch.randn(64, 128), torch.randn(128), 4, 2.0)
+    for n_tok in (1, 4, 16):  # the router aligning one rank's picks (16 of 128 experts, + the shared one)
+        router_topk_align(torch.randn(n_tok, 128), torch.randn(128), 4, 2.0, 16, 16, 16, True)
     h = torch.randn(64, 6144).to(torch.bfloat16)
     add_rms_norm_fused(h, h, torch.zeros(6144, dtype=torch.bfloat16), 1e-6, True)
+    add_rms_norm_fused(h, h, torch.zeros(6144, dtype=torch.bfloat16), 1e-6, True, y32_out=torch.empty(64, 6144))
+    from m3bench.runtime.kernels.gated_act import gated_act
+    from m3bench.runtime.kernels.reference import MoeActivation
+
+    gated_act(torch.randn(64, 2 * 1536).to(torch.bfloat16), MoeActivation.SWIGLUOAI, 1.702, 7.0)  # dense MLP, TP8
     d, y = 128, torch.randn(4, 15 * 128).to(torch.bfloat16)
     cos = sin = torch.randn(4, 32)
     slots, w = torch.arange(4), torch.zeros(d, dtype=torch.bfloat16)
@@ -155,6 +181,8 @@ def record_fused(caches, x3):
     for cache, ik in zip(caches.values(), index_caches):
         norm_rope_write(y, Branch(0, 8 * d, 9 * d, 8, 1, 1, d), w, w, 1e-6, True, cos, sin, slots, cache, cache)
         norm_rope_write(y, Branch(10 * d, 14 * d, 0, 4, 1, 0, d), w, w, 1e-6, True, cos, sin, slots, ik)
+        norm_rope_write_pair(y, BranchWrite(Branch(0, 8 * d, 9 * d, 8, 1, 1, d), w, w, cache, cache),
+                             BranchWrite(Branch(10 * d, 14 * d, 0, 4, 1, 0, d), w, w, ik), 1e-6, True, cos, sin, slots)
 
 
 def main() -> int:

@@ -33,3 +33,15 @@ def test_add_norm_falls_back_for_float64():
     assert torch.equal(h, r + x) and y.dtype == torch.float64
     with pytest.raises(ValueError):
         add_rms_norm_fused(r, x, torch.zeros(8, dtype=torch.float64), 1e-6, True)
+
+
+@pytest.mark.parametrize("backend", [KernelBackend.TRITON, KernelBackend.TORCH])
+def test_add_norm_writes_the_routers_fp32_input(triton_interpreter, backend):
+    g = torch.Generator().manual_seed(5)
+    r, x = (torch.randn(4, 96, generator=g) * 3).bfloat16(), torch.randn(4, 96, generator=g).bfloat16()
+    w = (torch.randn(96, generator=g) * 0.3).bfloat16()
+    y32 = torch.full((4, 96), float("nan"))
+    h, y = add_rms_norm(r, x, w, 1e-6, NormKind.GEMMA, backend, y32_out=y32)
+    assert torch.equal(y32, y.float())  # exactly what the router's cast would give
+    with pytest.raises(ValueError):
+        add_rms_norm_fused(r, x, w, 1e-6, True, y32_out=torch.empty(4, 96, dtype=torch.bfloat16))

@@ -9,7 +9,7 @@ from m3bench.runtime.config import NormKind
 from m3bench.runtime.kernels import kv_quant as kq
 from m3bench.runtime.kernels.add_norm import add_rms_norm_fused
 from m3bench.runtime.kernels.attention import paged_attention
-from m3bench.runtime.kernels.backend import KernelBackend
+from m3bench.runtime.kernels.backend import NVFP4_DECODE, KernelBackend, Nvfp4Decode
 from m3bench.runtime.kernels.norm_rope import Branch, norm_rope_write
 from m3bench.runtime.kernels.reference import paged_attention_ref
 from m3bench.runtime.kernels.router import router_topk
@@ -81,9 +81,12 @@ def test_norm_rope_write_at_rank_shapes(fmt, index):
     _same_cache(_cpu(v_got), v_ref, slots, torch.bfloat16, fmt)
 
 
+@pytest.mark.parametrize("decode", list(Nvfp4Decode))
 @pytest.mark.parametrize("sparse", [False, True])
-def test_nvfp4_attention_at_rank_shapes(sparse):
-    """B = 4 at 4k context, 8 query heads on 1 KV head of 128, page 128 (MSA: 16 random blocks)."""
+def test_nvfp4_attention_at_rank_shapes(sparse, decode, monkeypatch):
+    """B = 4 at 4k context, 8 query heads on 1 KV head of 128, page 128 (MSA: 16 random blocks); both
+    NVFP4 decodes (PTX, Triton's fp8 conversion)."""
+    monkeypatch.setitem(NVFP4_DECODE, "decode", decode)
     case = make_case(21, q_lens=[1, 1, 1, 4], seq_lens=[4096, 3000, 4100, 2500], hq=8, hkv=1, d=128, page=128,
                      fmt=kq.KVFormat.NVFP4, dtype=torch.bfloat16)
     sel = None
@@ -103,12 +106,14 @@ def test_nvfp4_attention_at_rank_shapes(sparse):
     assert rel < 2e-2, rel
 
 
+@pytest.mark.parametrize("decode", list(Nvfp4Decode))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_nvfp4_index_selection_at_rank_shapes(dtype):
+def test_nvfp4_index_selection_at_rank_shapes(dtype, decode, monkeypatch):
     """The indexer over NVFP4 index keys (decoded through the fp8 conversion), 4k context, top-16 of 32."""
     from m3bench.runtime.kernels.msa_index import msa_select_blocks
     from m3bench.runtime.kernels.reference import msa_select_blocks_ref
 
+    monkeypatch.setitem(NVFP4_DECODE, "decode", decode)
     case = make_case(22, q_lens=[1, 1, 4], seq_lens=[4096, 3500, 2900], hq=8, hkv=1, d=128, page=128, di=128,
                      fmt=kq.KVFormat.NVFP4, dtype=dtype)
     dev = lambda t: t.cuda()  # noqa: E731
@@ -123,3 +128,24 @@ def test_nvfp4_index_selection_at_rank_shapes(dtype):
         assert torch.equal(got[:n, :, 0], want[:n, :, 0])
         same = [len(set(a.tolist()) & set(b.tolist())) / 16 for a, b in zip(got[:n, 0], want[:n, 0])]
         assert min(same) >= 0.8, same
+
+
+@pytest.mark.parametrize("n_tok", [1, 4, 64])  # 1, 4: the split-K skinny path
+def test_moe_with_shared_expert_at_rank_shapes(n_tok):
+    # One TP8/EP8 rank: 16 local experts of 3072 (ids over 128: most picks remote), shared 3072/8 = 384.
+    from m3bench.runtime.kernels.moe import SharedExpert, fused_moe, fused_moe_reference
+    from m3bench.runtime.kernels.reference import MoeActivation
+
+    g = torch.Generator().manual_seed(n_tok + 5)
+    rnd = lambda *s, scale: (torch.randn(*s, generator=g) * scale).bfloat16().cuda()  # noqa: E731
+    x = rnd(n_tok, 6144, scale=1.0)
+    wg, wu, wd = rnd(16, 3072, 6144, scale=6144 ** -0.5), rnd(16, 3072, 6144, scale=6144 ** -0.5), rnd(16, 6144, 3072, scale=3072 ** -0.5)
+    shared = SharedExpert(rnd(384, 6144, scale=6144 ** -0.5), rnd(384, 6144, scale=6144 ** -0.5), rnd(6144, 384, scale=384 ** -0.5))
+    ids = torch.randint(0, 32, (n_tok, 4), generator=g).cuda()  # 16..31: other ranks' (16: the shared slot's id)
+    ids[0, 0] = 3
+    w = (torch.rand(n_tok, 4, generator=g) + 0.1).cuda()
+    out = torch.full_like(x, float("nan"))
+    fused_moe(x, wg, wu, wd, ids, w, MoeActivation.SWIGLUOAI, out=out, backend=KernelBackend.TRITON, shared=shared)
+    want = fused_moe_reference(x.float(), wg, wu, wd, ids, w, MoeActivation.SWIGLUOAI, 1.702, 7.0, shared=shared)
+    err = ((out.float() - want).norm() / want.norm()).item()
+    assert err < 1e-2, err

@@ -94,3 +94,77 @@ def test_large_batches_align_in_torch(monkeypatch):
     got = fused_moe(**p, backend=KernelBackend.TRITON, tiles=MoeTiles(16, 32, 32))
     want = fused_moe_ref(**{k: v.double() if v.is_floating_point() else v for k, v in p.items()})
     assert torch.allclose(got.double(), want, atol=1e-4, rtol=1e-4)
+
+
+def _shared(seed, hidden=32, inter=24, dtype=torch.float32):
+    from m3bench.runtime.kernels.moe import SharedExpert
+
+    g = torch.Generator().manual_seed(seed)
+    rnd = lambda *s: torch.randn(*s, generator=g).to(dtype)  # noqa: E731
+    return SharedExpert(rnd(inter, hidden) * 0.5, rnd(inter, hidden) * 0.5, rnd(hidden, inter) * 0.2)
+
+
+def _want(p, shared, act=MoeActivation.SWIGLUOAI):
+    p64 = {k: v.double() if v.is_floating_point() else v for k, v in p.items()}
+    return fused_moe_ref(**p64, activation=act) + shared.reference(p64["x"], act, 1.702, 7.0)
+
+
+@pytest.mark.parametrize("n_tok", [1, 3, 7])
+@pytest.mark.parametrize("act", [MoeActivation.SWIGLUOAI, MoeActivation.SILU])
+def test_shared_expert_in_the_grouped_kernel(n_tok, act):
+    # The shared expert runs as one more expert (weight 1) every token picks; ids n_exp and beyond are
+    # other ranks' experts and must not be taken for it. 1 and 3 tokens: the split-K skinny path.
+    from m3bench.runtime.kernels.moe import moe_tiles
+
+    p = _problem(30 + n_tok, n_tok=n_tok, top_k=2, hidden=256)
+    p["topk_ids"][-1, -1] = 4  # == n_exp: another rank's expert
+    shared = _shared(31, hidden=256)
+    assert (moe_tiles(2 * n_tok, 4, 48, 256, 24, n_tok).split_k > 1) == (n_tok <= 4)
+    out = torch.full_like(p["x"], float("nan"))
+    fused_moe(**p, activation=act, out=out, backend=KernelBackend.TRITON, shared=shared)
+    assert torch.isfinite(out).all(), "some output element was not written"
+    assert torch.allclose(out.double(), _want(p, shared, act), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("tiles", [MoeTiles(16, 16, 16), MoeTiles(16, 32, 16, split_k=4, split_k_routed=2),
+                                   MoeTiles(16, 16, 32, split_k=8, split_k_routed=8)])
+def test_shared_expert_tiles_and_splits(tiles):
+    p = _problem(40, n_tok=6, top_k=3, n_exp=5, hidden=64)
+    shared = _shared(41, hidden=64, inter=40)  # 40: not a multiple of the tiles
+    got = fused_moe(**p, backend=KernelBackend.TRITON, tiles=tiles, shared=shared)
+    assert torch.allclose(got.double(), _want(p, shared), atol=1e-4, rtol=1e-4)
+
+
+def test_shared_expert_alone_when_no_pick_is_local():
+    p = _problem(42, n_tok=2)
+    p["topk_ids"][:] = -1
+    shared = _shared(43)
+    got = fused_moe(**p, backend=KernelBackend.TRITON, shared=shared)
+    assert torch.allclose(got.double(), shared.reference(p["x"].double(), MoeActivation.SWIGLUOAI, 1.702, 7.0),
+                          atol=1e-4, rtol=1e-4)
+
+
+def test_skinny_tiles_fill_the_gpu_with_the_shared_expert_alone():
+    from m3bench.runtime.kernels.moe import MIN_PROGRAMS, moe_tiles
+
+    t = moe_tiles(4, 16, 3072, 6144, shared_inter=384, n_tok=1)  # one TP8/EP8 rank at batch 1
+    assert t.split_k > 1 and t.split_k % t.split_k_routed == 0
+    assert -(-384 // t.block_n) * t.split_k >= MIN_PROGRAMS
+    assert -(-3072 // t.block_n) * t.split_k_routed >= MIN_PROGRAMS
+    assert moe_tiles(256, 16, 3072, 6144, shared_inter=384, n_tok=64).split_k == 1
+    from m3bench.runtime.kernels.moe import gate_up_programs  # N tiles x chunks, no idle chunk slots
+
+    assert gate_up_programs(3072, 384, t.split_k, t) == max(96 * t.split_k_routed, 12 * t.split_k) <= 512
+
+
+def test_shared_align_with_torch_align(monkeypatch):
+    from m3bench.runtime.kernels import moe
+
+    ids = torch.tensor([2, 0, 4, 5, -1, 2], dtype=torch.int32)  # E = 4: 4, 5, -1 not local
+    sk, ek, nk = moe_align(ids, 4, 4, n_shared=3)
+    monkeypatch.setattr(moe, "MAX_KERNEL_ALIGN_PAIRS", 2)
+    st, et, nt = moe_align(ids, 4, 4, n_shared=3)
+    n = int(nk)
+    assert n == int(nt) == 12  # expert 0: 1 -> 4, 2: 2 -> 4, shared (4): 3 -> 4
+    assert ek[: n // 4].tolist() == et[: n // 4].tolist() == [0, 2, 4]
+    assert sk[:n].tolist() == st[:n].tolist() == [1, 9, 9, 9, 0, 5, 9, 9, 6, 7, 8, 9]

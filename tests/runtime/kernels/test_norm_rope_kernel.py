@@ -107,3 +107,26 @@ def test_norm_rope_write_rejects_odd_head_dims():
     with pytest.raises(ValueError):
         norm_rope_write(y, Branch(0, 24, 0, 1, 1, 0, 24), None, None, 1e-6, True, cos, sin,
                         torch.zeros(2, dtype=torch.long), torch.zeros(2, 16, 24))
+
+
+@pytest.mark.parametrize("fmt", [kq.KVFormat.PLAIN, kq.KVFormat.FP8, kq.KVFormat.NVFP4])
+def test_both_branches_in_one_launch_equal_two_launches(triton_interpreter, fmt):
+    from m3bench.runtime.kernels.norm_rope import BranchWrite, norm_rope_write_pair
+
+    g = torch.Generator().manual_seed(len(fmt.value) + 40)
+    d, n_tok, dtype = 32, 5, torch.bfloat16
+    main, index = Branch(0, 4 * d, 5 * d, 4, 1, 1, d), Branch(6 * d, 8 * d, 0, 2, 1, 0, d)
+    y = torch.randn(n_tok, 9 * d, generator=g).to(dtype)
+    w = [(torch.randn(d, generator=g) * 0.3).to(dtype) for _ in range(4)]
+    cos, sin = RotaryEmbedding(16, 1e4, None, "cpu").cos_sin(torch.randint(0, 99, (n_tok,), generator=g))
+    slots = torch.tensor([3, 17, -1, 40, 77])  # one padding token
+    caches = [_cache(fmt, (PAGES, 1, PAGE, d), dtype, g), _cache(fmt, (PAGES, 1, PAGE, d), dtype, g),
+              _cache(fmt, (PAGES, PAGE, d), dtype, g)]
+    one, two = [_clone(c) for c in caches], [_clone(c) for c in caches]
+    q, iq = norm_rope_write_pair(y, BranchWrite(main, w[0], w[1], one[0], one[1]), BranchWrite(index, w[2], w[3], one[2]),
+                                 1e-6, True, cos, sin, slots)
+    want_q = norm_rope_write(y, main, w[0], w[1], 1e-6, True, cos, sin, slots, two[0], two[1])
+    want_iq = norm_rope_write(y, index, w[2], w[3], 1e-6, True, cos, sin, slots, two[2])
+    assert torch.equal(q, want_q) and torch.equal(iq, want_iq)
+    for a, b in zip(one, two):
+        assert torch.equal(kq.dequantize_pages(a, torch.float32), kq.dequantize_pages(b, torch.float32))

@@ -41,3 +41,23 @@ def test_router_kernel_shape_limits():
     assert not router_topk_supported(torch.zeros(2, 128, dtype=torch.float64), 4)
     with pytest.raises(ValueError):
         router_topk(torch.zeros(2, 96), None, 4, 1.0)
+
+
+@pytest.mark.parametrize("n_tok,first,shared", [(1, 0, True), (3, 16, True), (16, 48, False), (5, 112, True)])
+def test_router_align_equals_router_then_moe_align(triton_interpreter, n_tok, first, shared):
+    # One TP8/EP8 rank owns experts [first, first + 16) of 128: the fused launch must give router_topk's
+    # weights, the local ids, and moe_align's layout of them (+ the shared expert's pairs) exactly.
+    from m3bench.runtime.kernels.moe import moe_align
+    from m3bench.runtime.kernels.router import router_topk_align
+
+    g = torch.Generator().manual_seed(n_tok + first)
+    logits, b = torch.randn(n_tok, 128, generator=g), torch.randn(128, generator=g) * 0.5
+    b[first:first + 16] += 0.4  # some picks local
+    want_w, want_ids = router_topk(logits, b, 4, 2.0)
+    w, ids, al = router_topk_align(logits, b, 4, 2.0, first, 16, 16, shared)
+    assert torch.equal(ids, want_ids - first)
+    torch.testing.assert_close(w, want_w, rtol=0, atol=0)
+    sorted_ids, block_expert, n_post = moe_align(ids.reshape(-1), 16, 16, n_tok if shared else 0)
+    n = int(n_post)
+    assert int(al.n_post) == n and al.sorted_ids.shape == sorted_ids.shape
+    assert torch.equal(al.sorted_ids[:n], sorted_ids[:n]) and torch.equal(al.block_expert[: n // 16], block_expert[: n // 16])
