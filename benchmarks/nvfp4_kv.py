@@ -145,7 +145,7 @@ def main(argv=None) -> int:
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     gen = torch.Generator(device=dev).manual_seed(0)
     n_pages = plan.batch * math.ceil(max(plan.contexts) / plan.shapes.page) + 8
-    rows, results = [], []
+    rows, results, chosen = [], [], NVFP4_DECODE["decode"]
     for fmt in FORMATS:
         pool = make_pool(fmt, n_pages, plan.shapes, dev, gen)
         for label, _, decode in (v for v in VARIANTS if v[1] == fmt):
@@ -153,7 +153,7 @@ def main(argv=None) -> int:
                 NVFP4_DECODE["decode"] = Nvfp4Decode(decode)
             results += checks(pool, label, plan.shapes, min(plan.contexts), dev, gen)
             rows += timings(pool, fmt, label, plan, dev, gen)
-        NVFP4_DECODE["decode"] = Nvfp4Decode.ASM
+        NVFP4_DECODE["decode"] = chosen
         del pool
     for c in results:
         print(f"check {c.name}: rel err {c.err:.2e} (tol {c.tol:.0e}) {'ok' if c.ok else 'FAILED'}")
