@@ -25,11 +25,22 @@ class SoloRank(TPGroup):
         return x
 
 
-def rank_model(s: M3Shapes, cfg, dtype: torch.dtype, dev: torch.device, backend, seed: int = 0):
+class PaddedSoloRank(SoloRank):
+    """SoloRank whose all-gather returns the full width, the other ranks' slices -inf (never picked: the
+    rank's own vocabulary slice stays the only one sampled), for code sized by the full vocabulary (the
+    speculative graphs' logits buffers); it writes what the real all-gather's output holds."""
+
+    def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        pad = torch.full_like(x, float("-inf"))
+        return torch.cat([x if r == self.rank else pad for r in range(self.world)], dim=dim)
+
+
+def rank_model(s: M3Shapes, cfg, dtype: torch.dtype, dev: torch.device, backend, seed: int = 0,
+               solo: type[SoloRank] = SoloRank):
     """The model one rank of s.world runs (rank 0), dummy weights; the index projection replicated."""
     from m3bench.runtime.model import M3ForCausalLM
 
-    tp = SoloRank(0, s.world) if s.world > 1 else None
+    tp = solo(0, s.world) if s.world > 1 else None
     model = M3ForCausalLM(cfg, dtype=dtype, device=dev, tp=tp, backend=backend)
     for layer in model.layers:
         layer.attn.replicate_index_projection()
