@@ -5,30 +5,36 @@ predict against the gain achieved, and the host time per speculative step.
     python benchmarks/spec_overhead.py                  # the same, all-local routing only (the default)
     python benchmarks/spec_overhead.py --cpu-smoke      # tiny rank on CPU, < 60 s (the plumbing; no goals)
 
-The target is one TP8/EP8 rank of MiniMax-M3 run alone (decode_floor.RANK through decode_setup.rank_model:
-PaddedSoloRank: collectives skipped, the logits padded to the full vocabulary), dummy weights, bf16, FP8 KV, page 128, CUDA graphs, overlap on; the draft an
-MHA Eagle3 at per-GPU TP8 shapes (gpu_sweep's 8 heads, 8 KV heads of 128, 18432/8; full-model config
-sharded by the same SoloRank), dummy weights, K = 3, draft KV shared, synthetic acceptance (AL 2.8 and 3.5).
-`--routing` (decode_routing.py): `all-local` biases the rank's 16 experts so every pick is local (the worst
-case: the rows of the earlier runs), `realistic` keeps the dummy router over all 128 experts.
+The target is one TP8/EP8 rank of MiniMax-M3 run alone (decode_floor.RANK through decode_setup.rank_model
+with PaddedSoloRank: collectives skipped, the logits padded to the full vocabulary), dummy weights, bf16, FP8
+KV, page 128, CUDA graphs, overlap on; the draft an MHA Eagle3 at per-GPU TP8 shapes (gpu_sweep's 8 heads,
+8 KV heads of 128, 18432/8; the full draft's config sharded by the same rank), dummy weights, K = 3, draft KV
+shared, synthetic acceptance (AL 2.8 and 3.5). `--routing` (decode_routing.py): `all-local` biases the rank's
+16 experts so every pick is local (the worst case: the rows of the earlier runs), `realistic` keeps the dummy
+router over all 128 experts.
 
 One model per layer count. Its speculative LLM, then its plain LLM (the same model), serve B requests of
-`--prompt-len` random tokens (B in `--batches`); after the prefill, per routing and AL: `--warmup` steps,
-then `--steps` timed `LLM.step()` calls (the engine's StepClock: runtime/step_timing.py), then the step's
-parts timed alone on the state the last step left (CUDA events, median of `--repeats`). Columns:
+`--prompt-len` random tokens (B in `--batches`; one request primes each engine first); after the prefill, per
+routing and AL: 4 warm-up steps, then `--steps` timed `LLM.step()` calls (the engine's StepClock:
+runtime/step_timing.py), then the step's parts timed alone on the state the last step left (CUDA events,
+median of `--repeats`). Columns:
   spec ms     median wall time of one speculative engine step (LLM.step(), overlap on)
   verify ms   the verify graph (the target over 1 + K tokens per request, its greedy check) replayed alone
-  extend ms   the draft's extend over the accepted positions and its first draft token (eager, as the engine runs it)
+  extend ms   the draft's extend over the accepted positions and its first draft token (eager, as in the engine)
   chain ms    the chain graph (the draft's K - 1 further steps) replayed alone
   parts ms    verify + extend + chain
   /parts      spec ms / parts ms                                   [goal <= 1.1]
   plain ms    median wall time of one plain engine step at the same batch (no draft, graphs, overlap on)
-  pred x      AL x plain ms / parts ms: the gain the parts predict
+  pred x      AL x plain ms / parts ms: the gain the parts predict (AL: `AL meas`, what the window landed,
+              so the forced counts' spread over a short window does not enter ach/pred)
   ach x       tokens/s with Eagle3 / tokens/s plain over the timed steps, both through the engine
   ach/pred    ach x / pred x                                       [goal >= 0.9]
   host p50/p90  host ms per speculative step (step wall - forward time, bench.metrics)  [goal at B64 <= 0.3]
   AL meas     tokens per request per timed step (the forced AL, as the engine landed it)
   graph %     share of the timed steps whose target forward was a verify-graph replay
+The requests of a batch stay for every routing and AL, so the context grows from `--prompt-len` by at most
+the windows' tokens (~100 per speculative window at AL 3.5); the JSON rows (`--json`, or $OUT/spec_overhead.json)
+also hold each window's period (wall / steps) and tokens/s. Both engines pay the padded logits (PaddedSoloRank).
 """
 
 from __future__ import annotations
@@ -48,14 +54,21 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the m3bench package
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the decode_* helper modules
 
-import torch  # noqa: E402
-from decode_floor import RANK, TINY_RANK, M3Shapes, pages_per_seq  # noqa: E402
-from decode_routing import Routing, set_routing  # noqa: E402
-from decode_setup import PaddedSoloRank, hf_m3_config, median_ms, our_config, rank_model, sync  # noqa: E402
-from gpu_sweep import DRAFT_HEAD_DIM, DRAFT_HEADS, DRAFT_INTER, DRAFT_KV_HEADS  # noqa: E402
-from overlap_speed import prompts_for  # noqa: E402
+import torch
+from decode_floor import RANK, TINY_RANK, M3Shapes, pages_per_seq
+from decode_routing import Routing, set_routing
+from decode_setup import (
+    PaddedSoloRank,
+    hf_m3_config,
+    median_ms,
+    our_config,
+    rank_model,
+    sync,
+)
+from gpu_sweep import DRAFT_HEAD_DIM, DRAFT_HEADS, DRAFT_INTER, DRAFT_KV_HEADS
+from overlap_speed import prompts_for
 
-from m3bench.runtime.rank_step import StepLink  # noqa: E402
+from m3bench.runtime.rank_step import StepLink
 
 K = 3
 MAX_PROMPT_TOKENS_PER_STEP = 8192  # the prefill's chunk (B x prompt tokens would not fit one step's activations)
@@ -90,7 +103,7 @@ def plan_of(args) -> Plan:
         return Plan(TINY_RANK, tuple(args.layers or (TINY_RANK.dense_layers + 1,)), tuple(args.batches or (1, 2)),
                     tuple(args.al), routings, args.prompt_len or 24, 1, args.steps or 3, 2, False)
     return Plan(RANK, tuple(args.layers or (12, 47)), tuple(args.batches or (1, 16, 64)), tuple(args.al), routings,
-                args.prompt_len or 1024, 3, args.steps or 16, args.repeats, True)
+                args.prompt_len or 1024, 4, args.steps or 24, args.repeats, True)
 
 
 # ---- building ---------------------------------------------------------------------------------------------
@@ -128,8 +141,7 @@ def cpu_graphs_allowed():
     (nothing is captured), as tests/runtime/speculative/test_spec_graphs.py does; the checks are lifted."""
     from unittest import mock
 
-    import m3bench.runtime.engine_builder as engine_builder
-    import m3bench.runtime.engine_config as engine_config
+    from m3bench.runtime import engine_builder, engine_config
 
     with mock.patch.object(engine_config, "check_modes", lambda c: None), \
             mock.patch.object(engine_builder, "check_graphs", lambda *a: None):
@@ -142,8 +154,8 @@ def build_llm(plan: Plan, model, draft: Path | None):
     from m3bench.runtime import LLM
 
     B, s = max(plan.batches), plan.shapes
-    spec = dict(speculative_model=draft, draft_len=K, draft_kv="shared", synthetic_acceptance_length=plan.als[0],
-                load_format="dummy") if draft is not None else {}
+    spec = {"speculative_model": draft, "draft_len": K, "draft_kv": "shared", "load_format": "dummy",
+            "synthetic_acceptance_length": plan.als[0]} if draft is not None else {}
     graphs = plan.cuda or draft is not None
     with nullcontext() if plan.cuda or not graphs else cpu_graphs_allowed():
         return LLM(model, kv_cache_dtype="fp8" if plan.cuda else "auto", tokens_per_block=s.page,
@@ -201,6 +213,14 @@ def warm_up(llm, plan: Plan) -> None:
     sync(llm.device)
 
 
+def prime(llm, plan: Plan) -> None:
+    """One request through a few steps before any row: the graphs' and kernels' first use stays out of B1's row."""
+    rids = start_requests(llm, plan, 1)
+    for _ in range(2 * plan.warmup + 2):
+        llm.step()
+    stop_requests(llm, rids)
+
+
 def timed_window(llm, plan: Plan, B: int) -> Window:
     from m3bench.bench.metrics import compute_host_timing
 
@@ -238,7 +258,7 @@ def time_parts(llm, repeats: int) -> Parts:
     spec, dev = llm.engine.spec, llm.device
     g, d = spec.graphs, spec.link.last
     verify = (lambda: g.run_verify(g.last_step)) if g.last_step is not None else None
-    pick = lambda logits: (spec.draft.to_target_ids(logits.argmax(-1)), None)  # noqa: E731 - greedy draft picks
+    pick = lambda logits: (spec.draft.to_target_ids(logits.argmax(-1)), None)
     seen: list = []
 
     def stub_chain(tok, feature, tables, ends):  # the chain's inputs, kept; its output not computed
@@ -249,7 +269,7 @@ def time_parts(llm, repeats: int) -> Parts:
         run_draft(spec.draft, spec.layout.store, spec.capture.buffer, d, K, pick, stub_chain)
 
     extend()
-    chain = lambda: g.run_chain(*seen, d.ends_host, None)  # noqa: E731
+    chain = lambda: g.run_chain(*seen, d.ends_host, None)
     ms = [median_ms(fn, dev, 2, repeats) if fn is not None else float("nan") for fn in (verify, extend, chain)]
     return Parts(*ms)
 
@@ -263,26 +283,35 @@ def spec_rows(plan: Plan, llm, layers: int) -> list[dict]:
 
     spec, rows = llm.engine.spec, []
     spec.link = RecordingLink()
+    prime(llm, plan)
     for B in plan.batches:
         rids = start_requests(llm, plan, B)
         for routing in plan.routings:
             set_routing(llm.model, routing)
             for al in plan.als:
                 spec.synth = SyntheticAcceptance(al, 0, llm.device)
-                warm_up(llm, plan)
-                before = spec.graphs.replays["verify"]
-                w = timed_window(llm, plan, B)
-                graph_share = (spec.graphs.replays["verify"] - before) / plan.steps
                 rows.append({"layers": layers, "routing": routing.value, "al": al, "batch": B,
-                             "graph_share": graph_share, "spec": asdict(w), "parts": asdict(time_parts(llm, plan.repeats))})
-                print(f"  spec L{layers} {routing.value} AL {al} B{B}: step {w.step_ms:.3f} ms", flush=True)
+                             **spec_row(plan, llm, B)})
+                print(f"  spec L{layers} {routing.value} AL {al} B{B}: step {rows[-1]['spec']['step_ms']:.3f} ms",
+                      flush=True)
         stop_requests(llm, rids)
     return rows
+
+
+def spec_row(plan: Plan, llm, B: int) -> dict:
+    """The timed window of the running batch, the share of its steps that replayed the verify graph, its parts."""
+    replays = llm.engine.spec.graphs.replays
+    warm_up(llm, plan)
+    before = replays["verify"]
+    w = timed_window(llm, plan, B)
+    share = (replays["verify"] - before) / plan.steps
+    return {"graph_share": share, "spec": asdict(w), "parts": asdict(time_parts(llm, plan.repeats))}
 
 
 def plain_rows(plan: Plan, llm) -> dict[tuple[str, int], dict]:
     """(routing, batch) -> the plain window."""
     out = {}
+    prime(llm, plan)
     for B in plan.batches:
         rids = start_requests(llm, plan, B)
         for routing in plan.routings:
@@ -296,7 +325,7 @@ def plain_rows(plan: Plan, llm) -> dict[tuple[str, int], dict]:
 def with_plain(row: dict, plain: dict) -> dict:
     """The row's derived columns: overhead over its parts, predicted and achieved gain."""
     parts_ms = row["parts"]["verify_ms"] + row["parts"]["extend_ms"] + row["parts"]["chain_ms"]
-    predicted = row["al"] * plain["step_ms"] / parts_ms
+    predicted = row["spec"]["tokens_per_request_step"] * plain["step_ms"] / parts_ms  # the AL the window landed
     achieved = row["spec"]["tok_s"] / plain["tok_s"]
     return {**row, "plain": plain, "parts_ms": parts_ms, "spec_over_parts": row["spec"]["step_ms"] / parts_ms,
             "predicted_gain": predicted, "achieved_gain": achieved, "achieved_over_predicted": achieved / predicted}
@@ -355,7 +384,7 @@ def parse_args(argv=None):
     ap.add_argument("--al", type=float, nargs="+", default=[2.8, 3.5], help="synthetic acceptance lengths")
     ap.add_argument("--routing", nargs="+", default=[Routing.ALL_LOCAL.value], choices=[r.value for r in Routing])
     ap.add_argument("--prompt-len", type=int, default=None, help="default 1024 (CPU: 24)")
-    ap.add_argument("--steps", type=int, default=None, help="timed engine steps per row (default 16; CPU 3)")
+    ap.add_argument("--steps", type=int, default=None, help="timed engine steps per row (default 24; CPU 3)")
     ap.add_argument("--repeats", type=int, default=10, help="replays of each part timed alone")
     ap.add_argument("--json", type=Path, default=None, help="write the rows here too (default $OUT/spec_overhead.json)")
     return ap.parse_args(argv)
