@@ -18,6 +18,7 @@ One model per layer count. Its speculative LLM, then its plain LLM (the same mod
 routing and AL: 4 warm-up steps, then `--steps` timed `LLM.step()` calls (the engine's StepClock:
 runtime/step_timing.py), then the step's parts timed alone on the state the last step left (CUDA events,
 median of `--repeats`). Columns:
+  experts     distinct local experts per MoE layer the verify step's B (1 + K) tokens routed to (of 16)
   spec ms     median wall time of one speculative engine step (LLM.step(), overlap on)
   verify ms   the verify graph (the target over 1 + K tokens per request, its greedy check) replayed alone
   extend ms   the draft's extend over the accepted positions and its first draft token (eager, as in the engine)
@@ -56,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the decode_* helper 
 
 import torch
 from decode_floor import RANK, TINY_RANK, M3Shapes, pages_per_seq
-from decode_routing import Routing, set_routing
+from decode_routing import Routing, routing_stats, set_routing
 from decode_setup import (
     PaddedSoloRank,
     hf_m3_config,
@@ -305,7 +306,20 @@ def spec_row(plan: Plan, llm, B: int) -> dict:
     before = replays["verify"]
     w = timed_window(llm, plan, B)
     share = (replays["verify"] - before) / plan.steps
-    return {"graph_share": share, "spec": asdict(w), "parts": asdict(time_parts(llm, plan.repeats))}
+    return {"graph_share": share, "spec": asdict(w), "parts": asdict(time_parts(llm, plan.repeats)),
+            "experts_per_layer": verify_experts(llm)}
+
+
+def verify_experts(llm) -> float:
+    """Distinct local experts per MoE layer that the last verify step's tokens routed to (its forward rerun
+    eagerly on the same inputs: the same KV and features written again)."""
+    from m3bench.runtime.rank_step import target_logits
+
+    spec = llm.engine.spec
+    step = spec.graphs.last_step
+    if step is None:
+        return float("nan")
+    return routing_stats(spec.model, lambda: target_logits(spec.model, spec.kv, step, spec.capture)).experts_per_layer
 
 
 def plain_rows(plan: Plan, llm) -> dict[tuple[str, int], dict]:
@@ -352,7 +366,7 @@ def _free(dev: torch.device) -> None:
 
 # ---- output -----------------------------------------------------------------------------------------------------
 
-COLUMNS = ("L", "routing", "AL", "B", "spec ms", "verify ms", "extend ms", "chain ms", "parts ms", "/parts",
+COLUMNS = ("L", "routing", "AL", "B", "experts", "spec ms", "verify ms", "extend ms", "chain ms", "parts ms", "/parts",
            "plain ms", "pred x", "ach x", "ach/pred", "host p50", "host p90", "AL meas", "graph %")
 
 
@@ -361,7 +375,8 @@ def table(rows: list[dict]) -> str:
              " ".join(f"{c:>9}" for c in COLUMNS)]
     for r in rows:
         p, s = r["parts"], r["spec"]
-        cells = [r["layers"], r["routing"], f"{r['al']:.1f}", r["batch"], f"{s['step_ms']:.3f}",
+        cells = [r["layers"], r["routing"], f"{r['al']:.1f}", r["batch"], f"{r['experts_per_layer']:.1f}",
+                 f"{s['step_ms']:.3f}",
                  f"{p['verify_ms']:.3f}", f"{p['extend_ms']:.3f}", f"{p['chain_ms']:.3f}", f"{r['parts_ms']:.3f}",
                  _flag(r["spec_over_parts"], r["spec_over_parts"] <= 1.1), f"{r['plain']['step_ms']:.3f}",
                  f"{r['predicted_gain']:.2f}", f"{r['achieved_gain']:.2f}",

@@ -24,6 +24,10 @@ def test_cpu_smoke_table(tmp_path, capsys):
         assert all(math.isfinite(v) and v > 0 for v in values), r
         assert r["spec"]["host_ms_p50"] >= 0 and r["graph_share"] == 1.0  # every timed step replayed the verify graph
         assert r["spec"]["tokens_per_request_step"] > 1 and r["plain"]["tokens_per_request_step"] == 1
+        assert 1 <= r["experts_per_layer"] <= 4  # TINY_RANK: 4 local experts
+    local = {(r["al"], r["batch"]): r["experts_per_layer"] for r in rows if r["routing"] == "all-local"}
+    real = {(r["al"], r["batch"]): r["experts_per_layer"] for r in rows if r["routing"] == "realistic"}
+    assert sum(local.values()) > sum(real.values())  # the routing switch reaches the engine's steps
     printed = capsys.readouterr().out
     header = next(line for line in printed.splitlines() if "spec ms" in line)
     assert all(c in header for c in bench.COLUMNS)
