@@ -17,7 +17,8 @@ One model per layer count. Its speculative LLM, then its plain LLM (the same mod
 `--prompt-len` random tokens (B in `--batches`; one request primes each engine first); after the prefill, per
 routing and AL: 4 warm-up steps, then `--steps` timed `LLM.step()` calls (the engine's StepClock:
 runtime/step_timing.py), then the step's parts timed alone on the state the last step left (CUDA events,
-median of `--repeats`). Columns:
+median of `--repeats`; a part whose launches outlast its device work, like the eager extend at B1, counts its
+launch time, as in the engine). Columns:
   experts     distinct local experts per MoE layer the verify step's B (1 + K) tokens routed to (of 16)
   spec ms     median wall time of one speculative engine step (LLM.step(), overlap on)
   verify ms   the verify graph (the target over 1 + K tokens per request, its greedy check) replayed alone
@@ -338,7 +339,7 @@ def plain_rows(plan: Plan, llm) -> dict[tuple[str, int], dict]:
 
 def with_plain(row: dict, plain: dict) -> dict:
     """The row's derived columns: overhead over its parts, predicted and achieved gain."""
-    parts_ms = row["parts"]["verify_ms"] + row["parts"]["extend_ms"] + row["parts"]["chain_ms"]
+    parts_ms = Parts(**row["parts"]).total_ms
     predicted = row["spec"]["tokens_per_request_step"] * plain["step_ms"] / parts_ms  # the AL the window landed
     achieved = row["spec"]["tok_s"] / plain["tok_s"]
     return {**row, "plain": plain, "parts_ms": parts_ms, "spec_over_parts": row["spec"]["step_ms"] / parts_ms,
