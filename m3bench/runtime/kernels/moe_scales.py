@@ -12,9 +12,9 @@ from m3bench.runtime import quant
 @dataclass(frozen=True)
 class MoeScales:
     """Block scales of quantized expert weights (views into stacked tensors work, as for the weights):
-    E8M0 for MXFP8; e4m3 plus per-row fp32 globals for NVFP4. With scales, fused_moe runs the kernels of
-    kernels/moe_quant.py (whole tiles dequantized, one dot a K step) unless `tiles=MoeTiles(...)` asks for the
-    first ones (moe_triton.py)."""
+    E8M0 for MXFP8; e4m3 plus per-row fp32 globals for NVFP4. With scales, fused_moe runs the generation
+    `kernels/quant_kernels.py` picks (V1: moe_triton.py, the default; V2: moe_quant.py) unless its tiles
+    name one (`MoeTiles` V1, `QuantMoeTiles` V2)."""
 
     gate: torch.Tensor
     up: torch.Tensor
