@@ -3,28 +3,20 @@ and a CPU smoke run of the whole script (tiny shapes, torch paths)."""
 
 import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+from benchmark_scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def fl():
-    sys.path.insert(0, str(BENCH))  # the script's helper modules import each other by name
-    return importlib.import_module("decode_floor")
+    return load_benchmark("decode_floor")
 
 
 @pytest.fixture(scope="module")
 def ds(fl):
-    spec = importlib.util.spec_from_file_location("decode_step", BENCH / "decode_step.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["decode_step"] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("decode_step")
 
 
 def test_distinct_experts_matches_performance_md(fl):

@@ -1,22 +1,14 @@
 """benchmarks/kernels_gpu.py: its CPU-testable pieces (bytes model, tiny checks end to end)."""
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-
-SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "kernels_gpu.py"
+from benchmark_scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("kernels_gpu", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["kernels_gpu"] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("kernels_gpu")
 
 
 def test_kv_bytes_per_token(bench):

@@ -1,23 +1,14 @@
 """benchmarks/mxfp8_gpu.py: the table generator on known rows, and the tiny run end to end (interpreter)."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "mxfp8_gpu.py"
+from benchmark_scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(SCRIPT.parent))
-    spec = importlib.util.spec_from_file_location("mxfp8_gpu", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["mxfp8_gpu"] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("mxfp8_gpu")
 
 
 def test_table_rows_give_peak_share_and_speedup(bench):

@@ -1,23 +1,14 @@
 """benchmarks/mxfp8_speed.py: its table and goal column on known rows, and the tiny run end to end (interpreter)."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "mxfp8_speed.py"
+from benchmark_scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(SCRIPT.parent))
-    spec = importlib.util.spec_from_file_location("mxfp8_speed", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["mxfp8_speed"] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("mxfp8_speed")
 
 
 def test_rows_give_floor_share_speedup_and_goal(bench):

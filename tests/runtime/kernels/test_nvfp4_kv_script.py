@@ -1,25 +1,16 @@
 """benchmarks/nvfp4_kv.py: the tiny CPU run end to end (checks against the references, the table and
 the step estimate), and the estimate's arithmetic."""
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[3] / "benchmarks"
+from benchmark_scripts import load_benchmark
 
 pytestmark = pytest.mark.usefixtures("triton_interpreter")
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location("nvfp4_kv", BENCH / "nvfp4_kv.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["nvfp4_kv"] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("nvfp4_kv")
 
 
 def test_tiny_run_checks_and_prints_both_formats(bench, capsys):
