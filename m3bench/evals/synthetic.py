@@ -27,7 +27,6 @@ from m3bench.runtime.tiny_skill import TaskSetId
 
 NAMES = ("Ann", "Ben", "Cara", "Dev", "Eli", "Fay", "Gus", "Hana", "Ivo", "Jun", "Kim", "Leo", "Mia", "Noor")
 THINGS = ("apples", "pens", "books", "stamps", "shells", "cards", "coins", "marbles", "eggs", "plums")
-SPLIT_SALT = {"train": 0, "test": 1, "dev": 2}
 FILES = ("gsm8k/train.jsonl", "gsm8k/test.jsonl", "mmlu/train.jsonl", "mmlu/test.jsonl", "mmlu/dev.jsonl")
 
 
