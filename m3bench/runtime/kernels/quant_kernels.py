@@ -1,6 +1,6 @@
 """Which generation of the quantized-weight (MXFP8 / NVFP4) decode kernels runs when a call names no tiles.
 
-    default_quant_kernels()        # QuantKernels.V1 unless M3BENCH_QUANT_KERNELS=v2
+    default_quant_kernels()        # QuantKernels.V1 unless M3BENCH_QUANT_KERNELS=v2 (read once a process)
 
 V1 (kernels/mxfp8_triton.py; moe_triton.py with scales): checked and timed on the H200 (docs/performance.md
 section 7). V2 (kernels/mx_tiles_triton.py, moe_quant_triton.py: whole tiles dequantized, one dot a K step,
@@ -11,6 +11,7 @@ its kernel itself.
 
 from __future__ import annotations
 
+import functools
 import os
 from enum import Enum
 
@@ -24,6 +25,7 @@ class QuantKernels(Enum):
     V2 = "v2"
 
 
+@functools.cache  # read once: it is asked on every quantized linear / MoE call (a hot path)
 def default_quant_kernels() -> QuantKernels:
     raw = os.environ.get(ENV_VAR, QuantKernels.V1.value)
     try:

@@ -23,7 +23,17 @@ GEMV, DOT = MxKernel.GEMV, MxKernel.DOT
 @pytest.fixture(autouse=True)
 def v2_by_default(monkeypatch):
     """Calls without tiles run these kernels' own tile choice (the runtime's default is still V1)."""
-    monkeypatch.setenv(ENV_VAR, "v2")
+    _set_generation(monkeypatch, "v2")
+    yield
+    default_quant_kernels.cache_clear()  # the next module reads the environment as it is
+
+
+def _set_generation(monkeypatch, value: str | None) -> None:
+    if value is None:
+        monkeypatch.delenv(ENV_VAR)
+    else:
+        monkeypatch.setenv(ENV_VAR, value)
+    default_quant_kernels.cache_clear()  # read once a process: a new value needs a fresh read
 
 
 def test_default_generation_is_v1_until_v2_has_run_on_a_gpu(monkeypatch):
@@ -33,15 +43,15 @@ def test_default_generation_is_v1_until_v2_has_run_on_a_gpu(monkeypatch):
     x = torch.randn(3, 128, generator=g)
     runs = {}
     for gen in ("v1", "v2"):
-        monkeypatch.setenv(ENV_VAR, gen)
+        _set_generation(monkeypatch, gen)
         assert default_quant_kernels() is QuantKernels(gen)
         runs[gen] = mxfp8_linear(x, w, s, backend=T)
         assert torch.allclose(runs[gen].double(), _want(x, w, s), atol=1e-4, rtol=1e-4)
     assert torch.equal(runs["v1"], mxfp8_linear(x, w, s, backend=T, tiles=linear_tiles(3, 24, 128)))
     assert torch.equal(runs["v2"], mxfp8_linear(x, w, s, backend=T, tiles=mx_tiles(3, 24, 128)))
-    monkeypatch.delenv(ENV_VAR)
+    _set_generation(monkeypatch, None)
     assert default_quant_kernels() is QuantKernels.V1
-    monkeypatch.setenv(ENV_VAR, "v3")
+    _set_generation(monkeypatch, "v3")
     with pytest.raises(InputError, match="M3BENCH_QUANT_KERNELS='v3'"):
         default_quant_kernels()
 
