@@ -51,7 +51,8 @@ def build_llm(cfg, dev: torch.device, max_batch: int, prompt_len: int, new_token
     from m3bench.runtime import LLM
 
     page = 16 if dev.type == "cpu" else 128
-    pages_per_seq = -(-(prompt_len + new_tokens + 8 * (1 + 4 * spec)) // page)
+    slack = 40 if spec else 8  # tokens past prompt + output; speculation: the 2K look-ahead and a verify window
+    pages_per_seq = -(-(prompt_len + new_tokens + slack) // page)
     draft = dict(speculative_model=dummy_draft(cfg, dev), draft_len=SPEC_K, draft_kv="shared",
                  synthetic_acceptance_length=SPEC_AL) if spec else {}
     return LLM(None, load_format="dummy", config=cfg, device=str(dev),
