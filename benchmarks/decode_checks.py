@@ -85,8 +85,8 @@ def check_components(s: M3Shapes, dev: torch.device, tiny: bool) -> list[dict]:
 
     w, ids = route(x, moe.router_weight, moe.router_bias, moe.m.top_k, moe.m.routed_scaling_factor)
     rows.append(_check_row("bf16 fused MoE (37 tokens)", _rel(moe.fused_experts(x, w, ids), moe.torch_experts(x, w, ids)), 2e-2))
-    for n in (1, 37):  # the whole MoE layer: shared expert inside (split-K at 1 token), router aligning (<= 16)
-        rows.append(_check_row(f"bf16 MoE layer, shared expert inside ({n} tokens)", _moe_layer_err(moe, x[:n]), 2e-2))
+    for n in (1, 8, 37):  # the whole MoE layer: router aligning (<= 16 tokens), the shared expert inside (>= 5)
+        rows.append(_check_row(f"bf16 MoE layer ({n} tokens)", _moe_layer_err(moe, x[:n]), 2e-2))
     return rows
 
 

@@ -414,15 +414,15 @@ def main(argv=None) -> int:
         return 2
     plan = plan_of(args)
     dev = torch.device("cuda" if plan.cuda else "cpu")
+    out = args.json or (Path(os.environ["OUT"]) / "spec_overhead.json" if os.environ.get("OUT") else None)
     t0, rows = time.perf_counter(), []
-    for layers in plan.layers:
+    for layers in plan.layers:  # each depth's table and rows as soon as they exist: a cut-off run keeps them
         rows += measure_layers(plan, layers, dev)
         print(f"{layers} layers done ({time.perf_counter() - t0:.0f} s)", flush=True)
-    print(table(rows))
-    out = args.json or (Path(os.environ["OUT"]) / "spec_overhead.json" if os.environ.get("OUT") else None)
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(rows, indent=1))
+        print(table(rows), flush=True)
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(rows, indent=1))
     return 0
 
 

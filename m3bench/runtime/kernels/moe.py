@@ -40,7 +40,7 @@ from m3bench.runtime.kernels.moe_align import (  # noqa: F401 (the fused MoE's p
     moe_align_torch,
 )
 from m3bench.runtime.kernels.moe_scales import MoeScales
-from m3bench.runtime.kernels.quant_kernels import QuantKernels, default_quant_kernels
+from m3bench.runtime.kernels.quant_kernels import QuantKernels, moe_generation
 from m3bench.runtime.kernels.reference import MoeActivation
 
 if TYPE_CHECKING:
@@ -160,7 +160,7 @@ def fused_moe(
         return fused_moe_reference(x, w_gate, w_up, w_down, topk_ids, topk_weights, activation, alpha, limit,
                                    out, shared)
     _check_shared(shared, scales, w_gate, x)
-    if scales is not None and tiles is None and default_quant_kernels() is QuantKernels.V1:
+    if scales is not None and tiles is None and moe_generation(scales.gate_global is not None) is QuantKernels.V1:
         tiles = moe_tiles(topk_ids.numel(), w_gate.shape[0], w_gate.shape[1], x.shape[1])
     if scales is not None and not isinstance(tiles, MoeTiles):  # quantized: the tile-dequantizing kernels
         from m3bench.runtime.kernels.moe_quant import fused_moe_quant

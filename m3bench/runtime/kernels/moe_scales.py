@@ -13,8 +13,8 @@ from m3bench.runtime import quant
 class MoeScales:
     """Block scales of quantized expert weights (views into stacked tensors work, as for the weights):
     E8M0 for MXFP8; e4m3 plus per-row fp32 globals for NVFP4. With scales, fused_moe runs the generation
-    `kernels/quant_kernels.py` picks (V1: moe_triton.py, the default; V2: moe_quant.py) unless its tiles
-    name one (`MoeTiles` V1, `QuantMoeTiles` V2)."""
+    `kernels/quant_kernels.py` picks (V1: moe_triton.py, MXFP8's default; V2: moe_quant.py, NVFP4's) unless
+    its tiles name one (`MoeTiles` V1, `QuantMoeTiles` V2)."""
 
     gate: torch.Tensor
     up: torch.Tensor

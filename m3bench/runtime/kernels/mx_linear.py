@@ -2,8 +2,8 @@
 
     y = mx_linear(x [M, K], weight fp8 [N, K], scale uint8 E8M0 [N, K/32], bias | None, tiles=mx_tiles(M, N, K))
 
-M <= GEMV_MAX_ROWS (none by default) runs the GEMV kernel (no tensor cores), larger M the
-dequantize-then-one-dot kernel.
+M <= GEMV_MAX_ROWS (one row) runs the GEMV kernel (no tensor cores), larger M the dequantize-then-one-dot
+kernel.
 K is split as far as one wave of resident programs allows (decode GEMMs are a few MB: a second wave or a
 second load round trip costs as much as the transfer); the splits of a tile meet through a
 per-tile counter (one zeroed int32 buffer per device, reset by the kernel itself) and an fp32 partial
@@ -22,10 +22,11 @@ import torch
 
 from m3bench.runtime.kernels.backend import interpreting, next_pow2, sm_count
 
-# The dot kernel runs every batch by default: its sm90 SASS spends ~4.9 instructions a weight in the K loop
-# (tensor cores do the products), the GEMV's ~8.9 at one row (fp32 FMAs, x converted per weight) and
-# 100 registers a thread at two rows. The GEMV stays for comparison (benchmarks/mxfp8_speed.py "alt").
-GEMV_MAX_ROWS = 0
+# One row runs the GEMV: on the H200 (benchmarks/mxfp8_speed.py, 2026-12-02) it beat the dot kernel at
+# batch 1 in all six linears (e.g. qkv+index 8.8 against 18.2 us, o_proj 5.1 against 8.4), although its sm90
+# SASS spends ~8.9 instructions a weight in the K loop against the dot's ~4.9. From two rows the dot kernel
+# (the GEMV needs 100 registers a thread at two rows; not timed there).
+GEMV_MAX_ROWS = 1
 SMS = 132  # H100 / H200
 # resident programs an SM holds, from the Triton 3.6 sm90 build (registers a thread; shared memory, 3 stages):
 # GEMV 42 x 256 threads; dot BLOCK_M 16: 128 x 128, 58 KB; 32: 155, 83 KB; 64: 128, 66 KB; 128: 188, 115 KB

@@ -3,9 +3,9 @@
     y = mxfp8_linear(x [M, K], weight fp8 [N, K], scale uint8 E8M0 [N, K/32], bias [N] | None)
 
 `w = fp8 * 2**(scale - 127)` per 32 consecutive inputs of a row (runtime/quant.py). The Triton kernels
-read the fp8 bytes and the scales and dequantize in registers (one byte a weight crosses HBM): by default
-the decode kernels of kernels/mx_linear.py (`MxTiles`); `tiles=LinearTiles(...)` runs the first kernel
-(32-wide sub-dots, mxfp8_triton.py), kept for comparison. The torch path dequantizes to x's dtype first
+read the fp8 bytes and the scales and dequantize in registers (one byte a weight crosses HBM): the first
+kernel (`LinearTiles`, 32-wide sub-dots, mxfp8_triton.py) or the decode kernels of kernels/mx_linear.py
+(`MxTiles`), whichever kernels/quant_kernels.py measured faster for the batch (or the `tiles` given). The torch path dequantizes to x's dtype first
 and is the CPU reference.
 """
 
@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from m3bench.runtime import quant
 from m3bench.runtime.kernels.backend import KernelBackend, interpreting, use_triton
 from m3bench.runtime.kernels.mx_linear import MxTiles, mx_linear
-from m3bench.runtime.kernels.quant_kernels import QuantKernels, default_quant_kernels
+from m3bench.runtime.kernels.quant_kernels import QuantKernels, linear_generation
 
 MIN_PROGRAMS = 264  # two waves of 132 SMs
 
@@ -59,7 +59,7 @@ def mxfp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bia
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     n = weight.shape[0]
-    if tiles is None and default_quant_kernels() is QuantKernels.V1:
+    if tiles is None and linear_generation(x2.shape[0]) is QuantKernels.V1:
         tiles = linear_tiles(x2.shape[0], n, k)
     if not isinstance(tiles, LinearTiles):
         y = mx_linear(x2, weight, scale, bias, tiles) if x2.shape[0] else x2.new_empty((0, n))

@@ -1,12 +1,17 @@
 """Which generation of the quantized-weight (MXFP8 / NVFP4) decode kernels runs when a call names no tiles.
 
-    default_quant_kernels()        # QuantKernels.V1 unless M3BENCH_QUANT_KERNELS=v2 (read once a process)
+    linear_generation(rows)        # the MXFP8 linear kernel for `rows` activation rows
+    moe_generation(nvfp4)          # the quantized fused MoE's kernels
+    default_quant_kernels()        # AUTO unless M3BENCH_QUANT_KERNELS=v1 / v2 pins one (read once a process)
 
-V1 (kernels/mxfp8_triton.py; moe_triton.py with scales): checked and timed on the H200 (docs/performance.md
-section 7). V2 (kernels/mx_tiles_triton.py, moe_quant_triton.py: whole tiles dequantized, one dot a K step,
-split-K meeting in the kernel): checked on CPU under the Triton interpreter and compiled for sm90, not yet
-run on a GPU (section 9). The default stays V1 until V2 has run there; a call that passes `tiles` picks
-its kernel itself.
+V1 (kernels/mxfp8_triton.py; moe_triton.py with scales) and V2 (kernels/mx_tiles_triton.py, moe_quant_triton.py:
+whole tiles dequantized, one dot a K step, split-K meeting in the kernel; at one row the GEMV) both passed
+their checks on the H200 (tests/runtime/test_mxfp8_gpu.py, 2026-12-02). AUTO runs the faster of the two as
+`benchmarks/mxfp8_speed.py` timed them there (docs/performance.md section 9): the V2 GEMV at one row (every
+linear faster than V1, and than bf16), V1 from 2 to LINEAR_V2_FROM_ROWS - 1 rows (faster at 4 and 16 rows in
+5 of 6 linears), V2 from there (faster at 64 rows in 5 of 6; the boundary between 16 and 64 is not measured);
+the MoE on V1 for MXFP8 (faster at every batch) and V2 for NVFP4 (~7x faster than V1's per-code decode).
+A call that passes `tiles` picks its kernel itself.
 """
 
 from __future__ import annotations
@@ -18,17 +23,35 @@ from enum import Enum
 from m3bench.runtime.errors import InputError
 
 ENV_VAR = "M3BENCH_QUANT_KERNELS"
+LINEAR_V2_FROM_ROWS = 33  # V1 at 16 rows, V2 at 64 (H200); in between: V1's BLOCK_M 32 tiles, not timed
 
 
 class QuantKernels(Enum):
+    AUTO = "auto"  # the measured choice per call (the module docstring)
     V1 = "v1"
     V2 = "v2"
 
 
 @functools.cache  # read once: it is asked on every quantized linear / MoE call (a hot path)
 def default_quant_kernels() -> QuantKernels:
-    raw = os.environ.get(ENV_VAR, QuantKernels.V1.value)
+    raw = os.environ.get(ENV_VAR, QuantKernels.AUTO.value)
     try:
         return QuantKernels(raw)
     except ValueError:
         raise InputError(f"{ENV_VAR}={raw!r}: expected one of {[k.value for k in QuantKernels]}") from None
+
+
+def linear_generation(rows: int) -> QuantKernels:
+    """V1 or V2 for an MXFP8 linear over `rows` activation rows (V2 at one row is its GEMV: mx_linear.GEMV_MAX_ROWS)."""
+    pinned = default_quant_kernels()
+    if pinned is not QuantKernels.AUTO:
+        return pinned
+    return QuantKernels.V2 if rows == 1 or rows >= LINEAR_V2_FROM_ROWS else QuantKernels.V1
+
+
+def moe_generation(nvfp4: bool) -> QuantKernels:
+    """V1 or V2 for the quantized fused MoE (MXFP8: V1; NVFP4: V2)."""
+    pinned = default_quant_kernels()
+    if pinned is not QuantKernels.AUTO:
+        return pinned
+    return QuantKernels.V2 if nvfp4 else QuantKernels.V1

@@ -73,13 +73,17 @@ def router_align_kernel(
     local = id_acc - first
     tl.store(w_ptr + pair, w_acc, mask=keep)
     tl.store(id_ptr + pair, local.to(tl.int64), mask=keep)  # local ids (other ranks': outside [0, E_LOCAL))
-    local = tl.where(keep & (local >= 0) & (local < E_LOCAL), local, -1)
+    # The alignment reads the picks back as one flat row, as moe_align_kernel does: aligning the [BLOCK_T, KP]
+    # tile through tl.reshape lost picks on the H200 (Triton 3.6; the interpreter was right) from 2 tokens on.
+    tl.debug_barrier()  # the stores above are visible to every thread of the program
     n_pairs = n_tok * K
+    flat = tl.arange(0, BLOCK_T * KP)
+    picks = tl.load(id_ptr + flat, mask=flat < n_pairs, other=-1)
+    picks = tl.where((picks >= 0) & (picks < E_LOCAL), picks, -1).to(tl.int32)
     marker = n_pairs
     if SHARED:
         marker = n_pairs + n_tok
-    start = align_pairs(tl.reshape(local, (BLOCK_T * KP,)), tl.reshape(pair, (BLOCK_T * KP,)), marker,
-                        n_tok * 0, sorted_ptr, block_expert_ptr, E_LOCAL, BLOCK_M)
+    start = align_pairs(picks, flat, marker, n_tok * 0, sorted_ptr, block_expert_ptr, E_LOCAL, BLOCK_M)
     if SHARED:  # every token's pair with the shared expert, after the routed ones
         start = align_pairs(tl.where(ok, 0, -1), n_pairs + rows, marker, start, sorted_ptr, block_expert_ptr,
                             1, BLOCK_M, E_LOCAL)

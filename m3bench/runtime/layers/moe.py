@@ -12,8 +12,8 @@ range and contribute nothing), and the one all-reduce that sums the shared exper
 partials also combines the experts' outputs. Under attention data parallelism (`ep` given, the rest
 replicated) ranks hold different tokens: `exchange` (layers/moe_exchange.py) takes them to the experts'
 owners and back. On CUDA the routed experts run as one fused Triton MoE (`kernels.moe.fused_moe`:
-no host reads, CUDA-graph safe), the shared expert inside it as one more expert (`fuse_shared`; not
-with `exchange`); the torch path (tokens grouped by expert with a sort, counts read
+no host reads, CUDA-graph safe), the shared expert inside it as one more expert (`fuse_shared`, from
+FUSE_SHARED_FROM_TOKENS tokens; not with `exchange`); the torch path (tokens grouped by expert with a sort, counts read
 on the host) stays for CPU and float64 and is the reference. `kernel_backend` forces either one.
 Built under `linear_format(LinearFormat.MXFP8)` the experts are float8_e4m3fn with E8M0 scales
 (`w_gate_up_scale` [E, 2 I, H/32], `w_down_scale` [E, H, I/32]); under NVFP4_EXPERTS they are packed E2M1
@@ -31,13 +31,28 @@ from torch import nn
 from m3bench.runtime import quant
 from m3bench.runtime.config import Activation, MoeConfig
 from m3bench.runtime.kernels.backend import KernelBackend, use_triton
-from m3bench.runtime.kernels.moe import MoeActivation, MoeAlignment, MoeScales, MoeTiles, SharedExpert, fused_moe, moe_tiles
+from m3bench.runtime.kernels.moe import (
+    SKINNY_TOKENS,
+    MoeActivation,
+    MoeAlignment,
+    MoeScales,
+    MoeTiles,
+    SharedExpert,
+    fused_moe,
+    moe_tiles,
+)
 from m3bench.runtime.kernels.router import router_align_supported, router_topk, router_topk_align, router_topk_supported
 from m3bench.runtime.layers.activation import split_gate_up
 from m3bench.runtime.layers.linear import WeightSlot
 from m3bench.runtime.layers.mlp import GatedMLP
 from m3bench.runtime.layers.norm import compute_dtype
 from m3bench.runtime.layers.weight_format import current_linear_format, mx_params, nv_params
+
+# The shared expert joins the fused MoE from this many tokens. Below it (kernels.moe.SKINNY_TOKENS) it would run
+# the split-K skinny path, which the H200 profile of one TP8/EP8 rank's MSA+MoE layer at batch 1 (2026-12-02,
+# benchmarks/decode_step.py --profile) found slower than its own cuBLAS GEMMs: all-local 224.6 us against 191.0
+# (gate+up 76.9 / 70.8 us, down 61.1 / 36.8, the partial-summing activation 27.1), realistic 83.5 / 83.4.
+FUSE_SHARED_FROM_TOKENS = SKINNY_TOKENS + 1
 from m3bench.runtime.parallel import SINGLE, TPGroup
 
 
@@ -89,6 +104,7 @@ class SparseMoe(nn.Module):
         self.kernel_backend = KernelBackend.AUTO  # AUTO: fused Triton MoE on CUDA, torch elsewhere
         self.fuse_router = True  # the router epilogue follows kernel_backend (off: always torch)
         self.fuse_shared = True  # the shared expert inside the fused MoE's launches (plain weights; off: its own GEMMs)
+        self.fuse_shared_from_tokens = FUSE_SHARED_FROM_TOKENS  # fewer tokens: the shared expert's own GEMMs
         self.fuse_align = True  # <= 16 tokens: the router epilogue also aligns the picks for the fused MoE (one launch)
         self.fuse_router_input = True  # the post-attention add + norm also writes the router's fp32 input (no cast)
         inter = m.intermediate_size  # routed experts are whole on their rank (expert parallelism)
@@ -156,7 +172,8 @@ class SparseMoe(nn.Module):
     def shared_fusable(self, x: torch.Tensor) -> bool:
         """The shared expert runs inside the fused MoE: switched on, Triton, plain routed and shared weights."""
         s = self.shared
-        return (self.fuse_shared and s is not None and x.dtype != torch.float64 and use_triton(self.kernel_backend, x)
+        return (self.fuse_shared and s is not None and x.shape[0] >= self.fuse_shared_from_tokens
+                and x.dtype != torch.float64 and use_triton(self.kernel_backend, x)
                 and self.w_down_scale is None and s.gate_up.weight_scale is None and s.down.weight_scale is None
                 and s.gate_up.bias is None and s.down.bias is None)
 

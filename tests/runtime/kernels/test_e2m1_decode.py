@@ -9,7 +9,7 @@ from m3bench.runtime.kernels import kv_quant as kq
 triton = pytest.importorskip("triton")
 tl = triton.language
 
-from m3bench.runtime.kernels.kv_tiles_triton import e2m1_to_f32  # noqa: E402  (after the interpreter is set)
+from m3bench.runtime.kernels.kv_tiles_triton import e2m1_to_f32, nvfp4_to_f16_asm  # noqa: E402  (after the interpreter is set)
 
 
 @triton.jit
@@ -60,8 +60,6 @@ def test_quantized_tiles_decode_exactly_into_fp16(triton_interpreter, fmt):
 
 @triton.jit
 def _asm_kernel(byte_ptr, lo_ptr, hi_ptr):
-    from m3bench.runtime.kernels.kv_tiles_triton import nvfp4_to_f16_asm
-
     i = tl.arange(0, 256)
     lo, hi = nvfp4_to_f16_asm(tl.load(byte_ptr + i))
     tl.store(lo_ptr + i, lo)

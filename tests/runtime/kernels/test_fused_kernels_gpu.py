@@ -19,6 +19,7 @@ from m3bench.runtime.layers.rotary import RotaryEmbedding
 
 from .cases import make_case
 from .test_norm_rope_kernel import _cache, _clone, _ref, _same_cache
+from .test_router_kernel import check_router_align
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -45,6 +46,14 @@ def test_router_epilogue_at_rank_shapes(n_tok):
     got_w, got_ids = router_topk(logits, b.cuda(), 4, 2.0, out=poison)
     assert torch.equal(got_ids, want_ids)
     torch.testing.assert_close(got_w, want_w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("n_tok", [1, 2, 3, 4, 5, 8, 13, 16])
+@pytest.mark.parametrize("n_exp,shared", [(128, True), (128, False), (16, True)])
+def test_router_align_at_rank_shapes(n_tok, n_exp, shared):
+    # Every token count of the aligning router (<= 16), many picks local (16 experts: all of them, gpu_sweep's
+    # rank). The tile-reshaping first version lost picks here from 2 tokens on (the trace replay's crash).
+    check_router_align(torch.device("cuda"), n_tok, 0, shared, n_exp, local_bias=1.0)
 
 
 @pytest.mark.parametrize("n_tok", [1, 64])

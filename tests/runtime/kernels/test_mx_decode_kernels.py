@@ -5,14 +5,15 @@ import pytest
 import torch
 
 from m3bench.runtime import quant
+from m3bench.runtime.errors import InputError
 from m3bench.runtime.kernels.backend import KernelBackend
 from m3bench.runtime.kernels.moe import MoeScales, fused_moe
 from m3bench.runtime.kernels.moe_quant import QuantMoeTiles, quant_moe_tiles
-from m3bench.runtime.kernels.mx_linear import MxKernel, MxTiles, mx_tiles, split_counters
-from m3bench.runtime.errors import InputError
+from m3bench.runtime.kernels.mx_linear import PER_SM, MxKernel, MxTiles, mx_tiles, split_counters
 from m3bench.runtime.kernels.mxfp8 import linear_tiles, mxfp8_linear
 from m3bench.runtime.kernels.quant_kernels import ENV_VAR, QuantKernels, default_quant_kernels
 from m3bench.runtime.kernels.reference import fused_moe_ref
+
 from .quant_cases import mx_random, nv_random_experts
 
 pytestmark = pytest.mark.usefixtures("triton_interpreter")
@@ -22,7 +23,7 @@ GEMV, DOT = MxKernel.GEMV, MxKernel.DOT
 
 @pytest.fixture(autouse=True)
 def v2_by_default(monkeypatch):
-    """Calls without tiles run these kernels' own tile choice (the runtime's default is still V1)."""
+    """Calls without tiles run these kernels' own tile choice (pinned to V2: AUTO picks per call)."""
     _set_generation(monkeypatch, "v2")
     yield
     default_quant_kernels.cache_clear()  # the next module reads the environment as it is
@@ -36,8 +37,11 @@ def _set_generation(monkeypatch, value: str | None) -> None:
     default_quant_kernels.cache_clear()  # read once a process: a new value needs a fresh read
 
 
-def test_default_generation_is_v1_until_v2_has_run_on_a_gpu(monkeypatch):
-    """No tiles: V1 by default, V2 when asked, a bad value refused; V1's and V2's results both match fp64."""
+def test_default_generation_is_the_measured_choice_unless_pinned(monkeypatch):
+    """No tiles: AUTO by default (the H200's faster generation per call), V1 / V2 when pinned, a bad value
+    refused; V1's and V2's results both match fp64."""
+    from m3bench.runtime.kernels.quant_kernels import LINEAR_V2_FROM_ROWS, linear_generation, moe_generation
+
     g = torch.Generator().manual_seed(11)
     w, s = _mx(g, 24, 128)
     x = torch.randn(3, 128, generator=g)
@@ -45,12 +49,19 @@ def test_default_generation_is_v1_until_v2_has_run_on_a_gpu(monkeypatch):
     for gen in ("v1", "v2"):
         _set_generation(monkeypatch, gen)
         assert default_quant_kernels() is QuantKernels(gen)
+        assert {linear_generation(r) for r in (1, 3, 64)} == {moe_generation(True), moe_generation(False)} == {
+            QuantKernels(gen)}
         runs[gen] = mxfp8_linear(x, w, s, backend=T)
         assert torch.allclose(runs[gen].double(), _want(x, w, s), atol=1e-4, rtol=1e-4)
     assert torch.equal(runs["v1"], mxfp8_linear(x, w, s, backend=T, tiles=linear_tiles(3, 24, 128)))
     assert torch.equal(runs["v2"], mxfp8_linear(x, w, s, backend=T, tiles=mx_tiles(3, 24, 128)))
     _set_generation(monkeypatch, None)
-    assert default_quant_kernels() is QuantKernels.V1
+    assert default_quant_kernels() is QuantKernels.AUTO
+    assert linear_generation(1) is QuantKernels.V2 and mx_tiles(1, 24, 128).kernel is GEMV  # the GEMV at one row
+    assert linear_generation(16) is linear_generation(LINEAR_V2_FROM_ROWS - 1) is QuantKernels.V1
+    assert linear_generation(LINEAR_V2_FROM_ROWS) is linear_generation(64) is QuantKernels.V2
+    assert moe_generation(nvfp4=False) is QuantKernels.V1 and moe_generation(nvfp4=True) is QuantKernels.V2
+    assert torch.equal(mxfp8_linear(x, w, s, backend=T), runs["v1"])  # 3 rows: V1
     _set_generation(monkeypatch, "v3")
     with pytest.raises(InputError, match="M3BENCH_QUANT_KERNELS='v3'"):
         default_quant_kernels()
@@ -111,7 +122,8 @@ def test_decode_linear_reads_each_block_scale():
 
 
 def test_decode_tiles_split_k_within_one_wave_at_rank_shapes():
-    t = mx_tiles(1, 1536, 6144)  # qkv + index of a TP8 rank at batch 1: 24 tiles x 12 pieces of two K steps
+    assert mx_tiles(1, 1536, 6144).kernel is GEMV and mx_tiles(2, 1536, 6144).kernel is DOT  # one row: the GEMV
+    t = mx_tiles(1, 1536, 6144, DOT)  # qkv + index of a TP8 rank at batch 1: 24 tiles x 12 pieces of two K steps
     assert (t.kernel, t.block_m, t.block_n, t.block_k, t.split_k) == (DOT, 16, 64, 256, 12)
     t32, t64 = mx_tiles(32, 1536, 6144), mx_tiles(64, 1536, 6144)  # 2 / 3 programs an SM: 8 / 16 pieces
     assert (t32.block_m, t32.block_k, t32.split_k, t64.block_m, t64.block_k, t64.split_k) == (32, 256, 8, 64, 128, 16)
@@ -122,8 +134,9 @@ def test_decode_tiles_split_k_within_one_wave_at_rank_shapes():
     t = mx_tiles(64, 6144, 384)  # shared expert down at batch 64: BLOCK_K 128 divides 384
     assert t.block_k == 128 and 384 % (t.split_k * t.block_k) == 0
     for m, n, k in ((1, 1536, 6144), (2, 6144, 1536), (16, 768, 6144), (64, 6144, 1024)):
-        t = mx_tiles(m, n, k)
-        assert t.grid(m, n)[0] * t.split_k <= 3 * 132 and k % (t.split_k * t.block_k) == 0
+        t = mx_tiles(m, n, k)  # one wave: resident programs an SM (the GEMV's 6, the dot's 2-3) x 132 SMs
+        cap = PER_SM["gemv" if t.kernel is GEMV else t.block_m] * 132
+        assert t.grid(m, n)[0] * t.split_k <= cap and k % (t.split_k * t.block_k) == 0
 
 
 def test_gemv_refuses_more_rows_than_its_block():

@@ -47,17 +47,28 @@ def test_router_kernel_shape_limits():
 def test_router_align_equals_router_then_moe_align(triton_interpreter, n_tok, first, shared):
     # One TP8/EP8 rank owns experts [first, first + 16) of 128: the fused launch must give router_topk's
     # weights, the local ids, and moe_align's layout of them (+ the shared expert's pairs) exactly.
+    check_router_align(torch.device("cpu"), n_tok, first, shared)
+
+
+def check_router_align(dev: torch.device, n_tok: int, first: int, shared: bool, n_exp: int = 128,
+                       local_bias: float = 0.4) -> None:
+    """router_topk_align on `dev` == router_topk, then moe_align of the local ids (the unfused launches)."""
     from m3bench.runtime.kernels.moe import moe_align
     from m3bench.runtime.kernels.router import router_topk_align
 
     g = torch.Generator().manual_seed(n_tok + first)
-    logits, b = torch.randn(n_tok, 128, generator=g), torch.randn(128, generator=g) * 0.5
-    b[first:first + 16] += 0.4  # some picks local
+    logits, b = torch.randn(n_tok, n_exp, generator=g), torch.randn(n_exp, generator=g) * 0.5
+    b[first:first + 16] += local_bias  # some picks local (all of them with 16 experts)
+    logits, b = logits.to(dev), b.to(dev)
     want_w, want_ids = router_topk(logits, b, 4, 2.0)
     w, ids, al = router_topk_align(logits, b, 4, 2.0, first, 16, 16, shared)
     assert torch.equal(ids, want_ids - first)
-    torch.testing.assert_close(w, want_w, rtol=0, atol=0)
     sorted_ids, block_expert, n_post = moe_align(ids.reshape(-1), 16, 16, n_tok if shared else 0)
     n = int(n_post)
     assert int(al.n_post) == n and al.sorted_ids.shape == sorted_ids.shape
-    assert torch.equal(al.sorted_ids[:n], sorted_ids[:n]) and torch.equal(al.block_expert[: n // 16], block_expert[: n // 16])
+    assert torch.equal(al.sorted_ids[:n], sorted_ids[:n])
+    assert torch.equal(al.block_expert[: n // 16], block_expert[: n // 16])
+    # exact in the interpreter; on a GPU the two kernels' row tiles differ (BLOCK_T), so the renormalising
+    # sums may round differently in the last bit (H200: <= 2.4e-7 relative)
+    tol = 0 if dev.type == "cpu" else 1e-6
+    torch.testing.assert_close(w, want_w, rtol=tol, atol=tol / 10)
