@@ -45,7 +45,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the m3bench pack
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the decode_* helper modules
 
 import torch
-from decode_checks import check_components, check_engine_graphs, check_fast_path
+from decode_checks import (
+    COMPONENT_CHECKS,
+    check_components,
+    check_engine_graphs,
+    check_fast_path,
+)
 from decode_floor import (
     GB,
     RANK,
@@ -59,6 +64,7 @@ from decode_floor import (
 )
 from decode_routing import Routing, routing_stats, set_routing
 from decode_setup import (
+    OpsSet,
     decode_meta,
     engine_step_ms,
     engine_variants,
@@ -70,7 +76,6 @@ from decode_setup import (
     qwen_config,
     rank_model,
     replay_ms,
-    OpsSet,
     set_ops,
     sync,
 )
@@ -416,7 +421,7 @@ def run_checks(plan: Plan, dev: torch.device, tiny: bool, res: dict) -> bool:
     res["check_engine"] = _guard("check_engine", lambda: check_engine_graphs(dev), res) or {}
     _free(dev)
     oks = [r["ok"] for r in res["check_model"]] + [res["check_engine"].get("ok", False)]
-    return len(res["check_model"]) == 6 and all(oks)
+    return len(res["check_model"]) == 1 + COMPONENT_CHECKS and all(oks)  # a check that raised: missing row
 
 
 def run_timings(plan: Plan, dev: torch.device, args, res: dict) -> None:

@@ -3,6 +3,7 @@ and a CPU smoke run of the whole script (tiny shapes, torch paths)."""
 
 import importlib.util
 import json
+import os
 
 import pytest
 import torch
@@ -193,3 +194,30 @@ def test_ops_sets_compare_before_and_after(ds):
     plan = ds.make_plan(ds.parse_args(["--quick", "--ops-sets", "unfused", "fused"]), True)
     assert plan.ops_sets == ("unfused", "fused")
     assert ds.make_plan(ds.parse_args(["--quick", "--unfused"]), True).ops_sets == ("unfused",)
+
+
+def test_checks_pass_only_with_every_row_ok(ds, monkeypatch):
+    # run_checks' verdict: every check row present and ok, and the engine check ok. A check that raised
+    # leaves its rows out (the verdict fails); a row over its tolerance fails it.
+    from decode_checks import COMPONENT_CHECKS
+
+    row = {"what": "x", "rel_err": 0.0, "tol": 1.0, "ok": True}
+    plan = ds.make_plan(ds.parse_args(["--cpu-smoke"]), False)
+    parts = {"model": [row], "components": [dict(row) for _ in range(COMPONENT_CHECKS)], "engine": {"ok": True}}
+    monkeypatch.setattr(ds, "check_fast_path", lambda *a: parts["model"])
+    monkeypatch.setattr(ds, "check_components", lambda *a: parts["components"])
+    monkeypatch.setattr(ds, "check_engine_graphs", lambda *a: parts["engine"])
+    assert ds.run_checks(plan, torch.device("cpu"), True, {})
+    parts["components"] = parts["components"][:-1]  # one row missing
+    assert not ds.run_checks(plan, torch.device("cpu"), True, {})
+    parts["components"] = [dict(row) for _ in range(COMPONENT_CHECKS - 1)] + [dict(row, ok=False)]
+    assert not ds.run_checks(plan, torch.device("cpu"), True, {})
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpreter run (the GPU runs them in test_decode_step_gpu)")
+def test_component_checks_return_their_rows_on_cpu(ds):
+    import decode_checks
+
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before a kernel module is first imported (decode_step does so)
+    rows = decode_checks.check_components(ds.TINY_RANK, torch.device("cpu"), True)
+    assert len(rows) == decode_checks.COMPONENT_CHECKS and all(r["ok"] for r in rows), rows
