@@ -28,7 +28,13 @@ from m3bench.runtime.attention.metadata import AttnMetadata
 from m3bench.runtime.block_manager import BlockManager
 from m3bench.runtime.decode_state import PLACEHOLDER, DecodeState
 from m3bench.runtime.kv_cache import KVCache
-from m3bench.runtime.overlap import Flight, num_placeholders, pending, strip_placeholders, to_host
+from m3bench.runtime.overlap import (
+    Flight,
+    num_placeholders,
+    pending,
+    strip_placeholders,
+    to_host,
+)
 from m3bench.runtime.rank_step import NO_LINK, target_logits
 from m3bench.runtime.sampler import Sampler, SamplerOutput, make_generator
 from m3bench.runtime.scheduler import ScheduledBatch, Scheduler
@@ -384,17 +390,21 @@ class Engine:
     def land(self, seq: Sequence, tokens: list[int], now: float, lps: list, tops: list) -> RequestDelta:
         """The one way tokens land, in every mode (a sampled token, a verify row's accepted drafts and
         bonus, an overlapped step's token one step late): append them in order with the stop rules
-        (the first stop ends the run); their merged delta. lps / tops: per token, None without logprobs."""
-        if len(tokens) == 1:  # (the common case, per request and step: no merge)
-            return self._append(seq, tokens[0], now, lps[0], tops[0])
-        parts = []
+        (the first stop ends the run); one delta for what landed. lps / tops: per token, None without logprobs."""
+        n = 0
         for t, lp, top in zip(tokens, lps, tops, strict=True):
-            parts.append(self._append(seq, t, now, lp, top))
+            self._append(seq, t, now, lp, top)
+            n += 1
             if seq.finished:
                 break
-        return parts[0] if len(parts) == 1 else merge_deltas(parts)
+        delta = make_delta(seq, tuple(tokens[:n]), _new_text(seq), (now,) * n)
+        if seq.params.logprobs is None:
+            return delta
+        return dataclasses.replace(delta, logprobs=tuple(seq.logprobs[-n:]),
+                                   top_logprobs=tuple(tuple(t) for t in seq.top_logprobs[-n:]))
 
-    def _append(self, seq: Sequence, token: int, now: float, lp: float | None, top) -> RequestDelta:
+    def _append(self, seq: Sequence, token: int, now: float, lp: float | None, top) -> None:
+        """One token onto the request: its time, logprobs and text; finished when a stop rule fires."""
         seq.output_ids.append(token)
         seq.timings.token_s.append(now)
         if seq.params.logprobs is not None:
@@ -408,10 +418,6 @@ class Engine:
                 seq.text += seq.detok.flush()
                 _cut_at_stop(seq)
             self.scheduler.finish(seq, reason)
-        delta = make_delta(seq, (token,), _new_text(seq), (now,))
-        if seq.params.logprobs is None:
-            return delta
-        return dataclasses.replace(delta, logprobs=(lp,), top_logprobs=(tuple(seq.top_logprobs[-1]),))
 
     def _stop_reason(self, seq: Sequence, token: int, piece: str) -> FinishReason | None:
         p = seq.params
@@ -464,16 +470,6 @@ def row_logprobs(lps: tuple, i: int, seq: Sequence, width: int) -> tuple[list, l
     if chosen is None or seq.params.logprobs is None:
         return [None] * width, [None] * width
     return chosen[i][:width], tops[i][:width] if tops is not None else [None] * width
-
-
-def merge_deltas(parts: list[RequestDelta]) -> RequestDelta:
-    """One delta for consecutive deltas of one request (tokens, text, times and logprobs in order)."""
-    first, last = parts[0], parts[-1]
-    return dataclasses.replace(
-        first, token_ids=tuple(t for p in parts for t in p.token_ids), text="".join(p.text for p in parts),
-        token_times_s=tuple(x for p in parts for x in p.token_times_s), finished=last.finished,
-        finish_reason=last.finish_reason, logprobs=tuple(x for p in parts for x in p.logprobs),
-        top_logprobs=tuple(x for p in parts for x in p.top_logprobs))
 
 
 def make_delta(seq: Sequence, tokens: tuple[int, ...], text: str, times: tuple[float, ...]) -> RequestDelta:

@@ -150,3 +150,26 @@ def test_quantized_kv_stays_close_to_bf16(kv):
     err = (logprobs(kv) - ref).abs().mean().item()
     assert 0 < err < KV_TOL[kv]
     assert (logprobs("auto") - ref).abs().mean().item() < err  # bf16 rounding is the smaller error
+
+
+def test_speculative_deltas_concatenate_to_the_output_with_stops_and_logprobs(ckpt, tmp_path):
+    # A verify row lands several tokens in one delta (forced acceptance 3 of K 3): its tokens, text, times and
+    # logprobs in order, the stop string cut mid-run, and the concatenation equal to the finished output.
+    from m3bench.runtime.speculative.tiny_draft import write_tiny_draft
+
+    write_tiny_draft(tmp_path / "draft", ckpt, seed=1)
+    spec = LLM(ckpt, speculative_model=tmp_path / "draft", draft_len=3, synthetic_acceptance_length=3.0, **KW)
+    p = SamplingParams(max_tokens=24, ignore_eos=True, logprobs=2)
+    full = spec.generate("once upon", p)[0]
+    stop = full.text[5:8]
+    assert len(full.text) > 8 and stop
+    for params in (p, dataclasses.replace(p, stop=(stop,))):
+        out = spec.generate("once upon", params)[0]
+        deltas = list(spec.stream("once upon", params))
+        assert max(len(d.token_ids) for d in deltas) > 1  # runs landed as one delta
+        assert [t for d in deltas for t in d.token_ids] == out.token_ids
+        assert "".join(d.text for d in deltas) == out.text
+        assert all(len(d.logprobs) == len(d.top_logprobs) == len(d.token_ids) == len(d.token_times_s) for d in deltas)
+        assert [x for d in deltas for x in d.logprobs] == pytest.approx(out.logprobs)
+        assert deltas[-1].finished and not any(d.finished for d in deltas[:-1])
+    assert out.finish_reason == "stop" and out.text == full.text[: full.text.index(stop)]
