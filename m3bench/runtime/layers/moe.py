@@ -13,8 +13,8 @@ partials also combines the experts' outputs. Under attention data parallelism (`
 replicated) ranks hold different tokens: `exchange` (layers/moe_exchange.py) takes them to the experts'
 owners and back. On CUDA the routed experts run as one fused Triton MoE (`kernels.moe.fused_moe`:
 no host reads, CUDA-graph safe), the shared expert inside it as one more expert (`fuse_shared`, from
-FUSE_SHARED_FROM_TOKENS tokens; not with `exchange`); the torch path (tokens grouped by expert with a sort, counts read
-on the host) stays for CPU and float64 and is the reference. `kernel_backend` forces either one.
+FUSE_SHARED_FROM_TOKENS tokens; not with `exchange`); the torch path (tokens grouped by expert with a
+sort, counts read on the host) stays for CPU and float64 and is the reference. `kernel_backend` forces either one.
 Built under `linear_format(LinearFormat.MXFP8)` the experts are float8_e4m3fn with E8M0 scales
 (`w_gate_up_scale` [E, 2 I, H/32], `w_down_scale` [E, H, I/32]); under NVFP4_EXPERTS they are packed E2M1
 (uint8 [E, 2 I, H/2], [E, H, I/2]) with e4m3 scales per 16 inputs and fp32 globals per row
@@ -47,13 +47,13 @@ from m3bench.runtime.layers.linear import WeightSlot
 from m3bench.runtime.layers.mlp import GatedMLP
 from m3bench.runtime.layers.norm import compute_dtype
 from m3bench.runtime.layers.weight_format import current_linear_format, mx_params, nv_params
+from m3bench.runtime.parallel import SINGLE, TPGroup
 
 # The shared expert joins the fused MoE from this many tokens. Below it (kernels.moe.SKINNY_TOKENS) it would run
 # the split-K skinny path, which the H200 profile of one TP8/EP8 rank's MSA+MoE layer at batch 1 (2026-12-02,
 # benchmarks/decode_step.py --profile) found slower than its own cuBLAS GEMMs: all-local 224.6 us against 191.0
 # (gate+up 76.9 / 70.8 us, down 61.1 / 36.8, the partial-summing activation 27.1), realistic 83.5 / 83.4.
 FUSE_SHARED_FROM_TOKENS = SKINNY_TOKENS + 1
-from m3bench.runtime.parallel import SINGLE, TPGroup
 
 
 def route(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, top_k: int,
