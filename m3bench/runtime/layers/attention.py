@@ -117,18 +117,17 @@ class Attention(nn.Module):
         k, v, ik = kv.pages(self.layer)
         gemma, eps = self.cfg.norm is NormKind.GEMMA, self.cfg.rms_norm_eps
         weight = lambda norm: None if norm is None else norm.weight  # noqa: E731
+        write = lambda w: norm_rope_write(y, w.branch, w.q_weight, w.k_weight, eps, gemma, cos, sin,  # noqa: E731
+                                          meta.slot_mapping, w.k_cache, w.v_cache)
         main = BranchWrite(Branch(at[0], at[1], at[2], sizes[0] // d, sizes[1] // d, sizes[2] // d, d),
                            weight(self.q_norm), weight(self.k_norm), k, v)
         if not self.sparse:
-            return norm_rope_write(y, main.branch, main.q_weight, main.k_weight, eps, gemma, cos, sin,
-                                   meta.slot_mapping, k, v), None
+            return write(main), None
         di = self.cfg.msa.index_dim
         index = BranchWrite(Branch(at[3], at[4], 0, sizes[3] // di, 1, 0, di), self.index_q_norm.weight,
                             self.index_k_norm.weight, ik)
         if self.fuse_branches:
             return norm_rope_write_pair(y, main, index, eps, gemma, cos, sin, meta.slot_mapping)
-        write = lambda w: norm_rope_write(y, w.branch, w.q_weight, w.k_weight, eps, gemma, cos, sin,  # noqa: E731
-                                          meta.slot_mapping, w.k_cache, w.v_cache)
         return write(main), write(index)
 
     @staticmethod
