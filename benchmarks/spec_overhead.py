@@ -22,9 +22,12 @@ launch time, as in the engine). Columns:
   experts     distinct local experts per MoE layer the verify step's B (1 + K) tokens routed to (of 16)
   spec ms     median wall time of one speculative engine step (LLM.step(), overlap on)
   verify ms   the verify graph (the target over 1 + K tokens per request, its greedy check) replayed alone
-  extend ms   the draft's extend over the accepted positions and its first draft token (eager, as in the engine)
-  chain ms    the chain graph (the draft's K - 1 further steps) replayed alone
-  parts ms    verify + extend + chain
+  draft       early: the draft launched before the step lands, from the verification on the device (the
+              engine's default under overlap, SpecRunner.draft_early); late: after landing (`--draft late`)
+  extend ms   late: the draft's extend over the accepted positions and its first draft token (eager)
+  chain ms    late: the chain graph (the draft's K - 1 further steps) replayed alone
+  early ms    early: the early graph (extend over the K + 1 verify positions, first pick, chain) replayed alone
+  parts ms    verify + extend + chain (late), verify + early (early)
   /parts      spec ms / parts ms                                   [goal <= 1.1]
   plain ms    median wall time of one plain engine step at the same batch (no draft, graphs, overlap on)
   pred x      AL x plain ms / parts ms: the gain the parts predict (AL: `AL meas`, what the window landed,
@@ -43,7 +46,9 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
+import math
 import os
 import statistics
 import sys
@@ -88,11 +93,12 @@ class Plan:
     steps: int
     repeats: int
     cuda: bool
+    drafts: tuple[str, ...] = ("early",)  # draft modes: early (before landing), late (after)
 
     @property
     def new_tokens(self) -> int:
         """Tokens each request may generate: every window of every routing and AL, no request finishes."""
-        return len(self.routings) * len(self.als) * (self.warmup + self.steps + 2) * (K + 1) + 8
+        return len(self.drafts) * len(self.routings) * len(self.als) * (self.warmup + self.steps + 2) * (K + 1) + 8
 
     @property
     def max_pos(self) -> int:
@@ -103,9 +109,9 @@ def plan_of(args) -> Plan:
     routings = tuple(Routing(r) for r in args.routing)
     if args.cpu_smoke:
         return Plan(TINY_RANK, tuple(args.layers or (TINY_RANK.dense_layers + 1,)), tuple(args.batches or (1, 2)),
-                    tuple(args.al), routings, args.prompt_len or 24, 1, args.steps or 3, 2, False)
+                    tuple(args.al), routings, args.prompt_len or 24, 1, args.steps or 3, 2, False, tuple(args.draft))
     return Plan(RANK, tuple(args.layers or (12, 47)), tuple(args.batches or (1, 16, 64)), tuple(args.al), routings,
-                args.prompt_len or 1024, 4, args.steps or 24, args.repeats, True)
+                args.prompt_len or 1024, 4, args.steps or 24, args.repeats, True, tuple(args.draft))
 
 
 # ---- building ---------------------------------------------------------------------------------------------
@@ -244,22 +250,28 @@ def timed_window(llm, plan: Plan, B: int) -> Window:
 @dataclass(frozen=True)
 class Parts:
     verify_ms: float
-    extend_ms: float
+    extend_ms: float  # late drafting's parts (nan when the step drafted early)
     chain_ms: float
+    early_ms: float  # early drafting's one graph (nan when the step drafted late)
 
     @property
     def total_ms(self) -> float:
-        return self.verify_ms + self.extend_ms + self.chain_ms
+        draft = self.early_ms if math.isfinite(self.early_ms) else self.extend_ms + self.chain_ms
+        return self.verify_ms + draft
 
 
 @torch.inference_mode()
-def time_parts(llm, repeats: int) -> Parts:
-    """The last step's verify graph, the last draft phase's extend (+ first pick) and chain graph, each alone."""
+def time_parts(llm, repeats: int, early: bool) -> Parts:
+    """The last step's verify graph and its draft, each alone: the early graph (early), or the last draft
+    phase's extend (+ first pick) and chain graph (late)."""
     from m3bench.runtime.speculative.draft_step import run_draft
 
     spec, dev = llm.engine.spec, llm.device
     g, d = spec.graphs, spec.link.last
     verify = (lambda: g.run_verify(g.last_step)) if g.last_step is not None else None
+    if early:
+        ms = [median_ms(fn, dev, 2, repeats) for fn in (verify, g.replay_last_early)]
+        return Parts(ms[0], math.nan, math.nan, ms[1])
     pick = lambda logits: (spec.draft.to_target_ids(logits.argmax(-1)), None)
     seen: list = []
 
@@ -273,7 +285,7 @@ def time_parts(llm, repeats: int) -> Parts:
     extend()
     chain = lambda: g.run_chain(*seen, d.ends_host, None)
     ms = [median_ms(fn, dev, 2, repeats) if fn is not None else float("nan") for fn in (verify, extend, chain)]
-    return Parts(*ms)
+    return Parts(*ms, math.nan)
 
 
 # ---- the table's rows ------------------------------------------------------------------------------------------
@@ -290,12 +302,13 @@ def spec_rows(plan: Plan, llm, layers: int) -> list[dict]:
         rids = start_requests(llm, plan, B)
         for routing in plan.routings:
             set_routing(llm.model, routing)
-            for al in plan.als:
+            for al, mode in itertools.product(plan.als, plan.drafts):
                 spec.synth = SyntheticAcceptance(al, 0, llm.device)
-                rows.append({"layers": layers, "routing": routing.value, "al": al, "batch": B,
+                spec.early = mode == "early"
+                rows.append({"layers": layers, "routing": routing.value, "al": al, "batch": B, "draft": mode,
                              **spec_row(plan, llm, B)})
-                print(f"  spec L{layers} {routing.value} AL {al} B{B}: step {rows[-1]['spec']['step_ms']:.3f} ms",
-                      flush=True)
+                print(f"  spec L{layers} {routing.value} AL {al} B{B} {mode}: step "
+                      f"{rows[-1]['spec']['step_ms']:.3f} ms", flush=True)
         stop_requests(llm, rids)
     return rows
 
@@ -304,10 +317,12 @@ def spec_row(plan: Plan, llm, B: int) -> dict:
     """The timed window of the running batch, the share of its steps that replayed the verify graph, its parts."""
     replays = llm.engine.spec.graphs.replays
     warm_up(llm, plan)
-    before = replays["verify"]
+    before, early = replays["verify"], llm.engine.spec.early_steps
     w = timed_window(llm, plan, B)
     share = (replays["verify"] - before) / plan.steps
-    return {"graph_share": share, "spec": asdict(w), "parts": asdict(time_parts(llm, plan.repeats)),
+    early_share = (llm.engine.spec.early_steps - early) / plan.steps
+    return {"graph_share": share, "early_share": early_share, "spec": asdict(w),
+            "parts": asdict(time_parts(llm, plan.repeats, early_share > 0.5)),
             "experts_per_layer": verify_experts(llm)}
 
 
@@ -367,7 +382,8 @@ def _free(dev: torch.device) -> None:
 
 # ---- output -----------------------------------------------------------------------------------------------------
 
-COLUMNS = ("L", "routing", "AL", "B", "experts", "spec ms", "verify ms", "extend ms", "chain ms", "parts ms", "/parts",
+COLUMNS = ("L", "routing", "AL", "B", "draft", "experts", "spec ms", "verify ms", "extend ms", "chain ms", "early ms",
+           "parts ms", "/parts",
            "plain ms", "pred x", "ach x", "ach/pred", "host p50", "host p90", "AL meas", "graph %")
 
 
@@ -376,9 +392,9 @@ def table(rows: list[dict]) -> str:
              " ".join(f"{c:>9}" for c in COLUMNS)]
     for r in rows:
         p, s = r["parts"], r["spec"]
-        cells = [r["layers"], r["routing"], f"{r['al']:.1f}", r["batch"], f"{r['experts_per_layer']:.1f}",
-                 f"{s['step_ms']:.3f}",
-                 f"{p['verify_ms']:.3f}", f"{p['extend_ms']:.3f}", f"{p['chain_ms']:.3f}", f"{r['parts_ms']:.3f}",
+        cells = [r["layers"], r["routing"], f"{r['al']:.1f}", r["batch"], r["draft"], f"{r['experts_per_layer']:.1f}",
+                 f"{s['step_ms']:.3f}", *(_ms(p[k]) for k in ("verify_ms", "extend_ms", "chain_ms", "early_ms")),
+                 f"{r['parts_ms']:.3f}",
                  _flag(r["spec_over_parts"], r["spec_over_parts"] <= 1.1), f"{r['plain']['step_ms']:.3f}",
                  f"{r['predicted_gain']:.2f}", f"{r['achieved_gain']:.2f}",
                  _flag(r["achieved_over_predicted"], r["achieved_over_predicted"] >= 0.9),
@@ -386,6 +402,10 @@ def table(rows: list[dict]) -> str:
                  f"{s['tokens_per_request_step']:.2f}", f"{100 * r['graph_share']:.0f}"]
         lines.append(" ".join(f"{c:>9}" for c in cells))
     return "\n".join(lines)
+
+
+def _ms(x: float) -> str:
+    return f"{x:.3f}" if math.isfinite(x) else "-"
 
 
 def _flag(x: float, ok: bool) -> str:
@@ -402,6 +422,8 @@ def parse_args(argv=None):
     ap.add_argument("--prompt-len", type=int, default=None, help="default 1024 (CPU: 24)")
     ap.add_argument("--steps", type=int, default=None, help="timed engine steps per row (default 24; CPU 3)")
     ap.add_argument("--repeats", type=int, default=10, help="replays of each part timed alone")
+    ap.add_argument("--draft", nargs="+", default=["early"], choices=["early", "late"],
+                    help="draft modes, each a window per row: early (before landing: the default) and/or late")
     ap.add_argument("--json", type=Path, default=None, help="write the rows here too (default $OUT/spec_overhead.json)")
     return ap.parse_args(argv)
 

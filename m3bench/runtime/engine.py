@@ -30,6 +30,7 @@ from m3bench.runtime.decode_state import PLACEHOLDER, DecodeState
 from m3bench.runtime.kv_cache import KVCache
 from m3bench.runtime.overlap import (
     Flight,
+    VerifiedOnHost,
     num_placeholders,
     pending,
     strip_placeholders,
@@ -244,8 +245,9 @@ class Engine:
         if batch is None:
             return dropped
         out = self._run_batch(batch)
-        deltas = self._postprocess(batch, out)
-        if self.spec is not None:  # the draft extends over the landed positions and proposes again
+        early = self.spec.draft_early(out.inputs, out.verified) if self.spec is not None else None
+        deltas = self._postprocess(batch, out, early)
+        if self.spec is not None and early is None:  # the draft extends over the landed positions, proposes again
             self.spec.propose(self.spec.extends(out.inputs))
         return dropped + deltas
 
@@ -344,9 +346,11 @@ class Engine:
                 seq.score_top += [row[:seq.params.prompt_logprobs] for row in tops[at:at + n]]
             at += n
 
-    def _postprocess(self, batch: ScheduledBatch, out: StepOutcome) -> list[RequestDelta]:
-        """Land the step in batch order (the step's device -> host syncs); scoring requests done last."""
-        accepted, emitted = fetch_verified(out.verified)
+    def _postprocess(self, batch: ScheduledBatch, out: StepOutcome,
+                     verified: VerifiedOnHost | None = None) -> list[RequestDelta]:
+        """Land the step in batch order (the step's device -> host syncs; `verified`: the verification's
+        copy already queued, as the early draft does); scoring requests done last."""
+        accepted, emitted = verified.lists() if verified is not None else fetch_verified(out.verified)
         tokens, lps, tops = fetch_sampled(out.sampled)
         now = time.time()
         verify, sampled = out.inputs.verify, out.inputs.sample_seqs
@@ -458,10 +462,7 @@ def fetch_sampled(sampled: SamplerOutput | None) -> tuple[list[int], list | None
 
 def fetch_verified(res: Any) -> tuple[list[int], list[list[int]]]:
     """(accepted count, emitted tokens) per verify row on the host: the verify rows' one sync."""
-    if res is None:
-        return [], []
-    both = torch.cat((res.num_accepted[:, None], res.output_tokens), dim=1).tolist()
-    return [r[0] for r in both], [r[1:] for r in both]
+    return VerifiedOnHost(res).lists() if res is not None else ([], [])
 
 
 def row_logprobs(lps: tuple, i: int, seq: Sequence, width: int) -> tuple[list, list]:

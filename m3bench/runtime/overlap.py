@@ -12,9 +12,12 @@ batch). Prefix-cache pages of a sampled request are committed when its token lan
 
 Under speculation the verify row's accepted count decides the next step's rows, so the step lands at
 once; overlap there means the draft chain's tokens stay on the device (SpecRunner.drafts_on_device) and
-the next step is scheduled and built while the chain runs.
+the next step is scheduled and built while the chain runs. A pure greedy verify step launches its whole
+draft before it lands (SpecRunner.draft_early): the verification's copy to the host is queued first
+(VerifiedOnHost), so the host lands the tokens while the draft runs.
 
     flight = Flight(seqs, *to_host(sampled), finished)   # a launched step; land it on the next step
+    host = VerifiedOnHost(res); accepted, emitted = host.lists()   # a verification, read when needed
     strip_placeholders(seq)                              # the host's stand-ins for tokens in flight
 """
 
@@ -70,3 +73,26 @@ def to_host(sampled: SamplerOutput | None) -> tuple[SamplerOutput | None, Any]:
     done = torch.cuda.Event()
     done.record()
     return SamplerOutput(*copies), done
+
+
+class VerifiedOnHost:
+    """A verification's (accepted count, emitted tokens) per verify row, its copy to pinned host memory queued
+    at construction (CUDA): reading it later waits for the verification only, not for work launched since."""
+
+    def __init__(self, res: Any) -> None:
+        both = torch.cat((res.num_accepted[:, None], res.output_tokens), dim=1)
+        self.done = None
+        if both.device.type == "cuda":
+            both = torch.empty(both.shape, dtype=both.dtype, pin_memory=True).copy_(both, non_blocking=True)
+            self.done = torch.cuda.Event()
+            self.done.record()
+        self.host, self._lists = both, None
+
+    def lists(self) -> tuple[list[int], list[list[int]]]:
+        """(accepted, emitted) as host lists (the one sync, once)."""
+        if self._lists is None:
+            if self.done is not None:
+                self.done.synchronize()
+            rows = self.host.tolist()
+            self._lists = ([r[0] for r in rows], [r[1:] for r in rows])
+        return self._lists

@@ -42,6 +42,8 @@ def target_logits(model: Any, kv: Any, x: Any, capture: Any = None) -> torch.Ten
 class StepLink:
     """How rank 0's step inputs reach the other ranks. This base sends nothing (TP 1)."""
 
+    tensor_parallel = False  # whether other ranks run the step too (their draft follows the host's inputs)
+
     def forward(self, x: Any, captured: bool) -> AbstractContextManager:
         """Around the target forward of x (a StepInputs); `captured`: the step keeps the capture residuals."""
         return nullcontext()

@@ -13,15 +13,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 def test_cpu_smoke_table(tmp_path, capsys):
     bench = importlib.import_module("spec_overhead")
     out = tmp_path / "rows.json"
-    assert bench.main(["--cpu-smoke", "--routing", "all-local", "realistic", "--json", str(out)]) == 0
+    assert bench.main(["--cpu-smoke", "--routing", "all-local", "realistic", "--draft", "early", "late",
+                       "--json", str(out)]) == 0
     rows = json.loads(out.read_text())
-    keys = {(r["routing"], r["al"], r["batch"]) for r in rows}
-    assert keys == {(ro, al, b) for ro in ("all-local", "realistic") for al in (2.8, 3.5) for b in (1, 2)}
+    keys = {(r["routing"], r["al"], r["batch"], r["draft"]) for r in rows}
+    assert keys == {(ro, al, b, m) for ro in ("all-local", "realistic") for al in (2.8, 3.5) for b in (1, 2)
+                    for m in ("early", "late")}
     for r in rows:
+        early = r["draft"] == "early"
+        parts = [r["parts"][k] for k in (("verify_ms", "early_ms") if early else ("verify_ms", "extend_ms", "chain_ms"))]
         values = [r["spec_over_parts"], r["predicted_gain"], r["achieved_gain"], r["achieved_over_predicted"],
-                  r["parts_ms"], r["plain"]["step_ms"], r["spec"]["step_ms"], r["spec"]["host_ms_p90"],
-                  *r["parts"].values()]
+                  r["parts_ms"], r["plain"]["step_ms"], r["spec"]["step_ms"], r["spec"]["host_ms_p90"], *parts]
         assert all(math.isfinite(v) and v > 0 for v in values), r
+        assert r["early_share"] == (1.0 if early else 0.0)  # the mode reached the engine's steps
         assert r["spec"]["host_ms_p50"] >= 0 and r["graph_share"] == 1.0  # every timed step replayed the verify graph
         assert r["spec"]["tokens_per_request_step"] > 1 and r["plain"]["tokens_per_request_step"] == 1
         assert 1 <= r["experts_per_layer"] <= 4  # TINY_RANK: 4 local experts

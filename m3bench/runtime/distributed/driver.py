@@ -48,6 +48,8 @@ STOP_TIMEOUT_S = 10.0  # STOP and the group teardown, before the workers are ter
 
 
 class Driver(StepLink):
+    tensor_parallel = True
+
     def __init__(self, groups: RankGroups, pool: WorkerPool | None) -> None:
         self.groups, self.pool = groups, pool
         self.in_step = False  # a step's messages are in flight: STOP could not be heard

@@ -71,16 +71,47 @@ def run_draft(draft: Any, store: Any, buffer: torch.Tensor, d: DraftInputs, K: i
     if chain_graph is not None:
         rest, rest_q = chain_graph(tok, feature, tables, d.ends)
         return torch.cat((tok[:, None], rest), dim=1), None if q is None else torch.cat((q[:, None], rest_q), dim=1)
-    toks, qs = [tok], [q]
     b = tok.shape[0]
     arange = torch.arange(b + 1, dtype=torch.int32, device=tok.device)
+    rest, rest_q = chain_steps(draft, store, tok, feature, tables, d.ends, d.ends_host, K, lambda lg, i: pick(lg),
+                               arange)
+    toks, qs = [tok] + rest, [q] + rest_q
+    return torch.stack(toks, dim=1), torch.stack(qs, dim=1) if qs[0] is not None else None
+
+
+def chain_steps(draft: Any, store: Any, tok: torch.Tensor, feature: torch.Tensor, tables: torch.Tensor,
+                ends: torch.Tensor, ends_host: list[int], K: int, pick: Callable[[torch.Tensor, int], tuple],
+                arange: torch.Tensor) -> tuple[list[torch.Tensor], list]:
+    """Chain steps i = 1..K-1 of b rows from draft token `tok` [b] and its feature: step i feeds the last
+    pick at position ends - 1 + i; `pick(logits, i)` -> (tokens [b], q or None). arange: int32 [>= b + 1]."""
+    b, page = tok.shape[0], store.page_size
+    rows, toks, qs = arange[:b].long(), [], []
     for i in range(1, K):
-        pos = d.ends - 1 + i
-        slots = draft_slots(tables, arange[:b].long(), pos, page)
-        step = AttnMetadata(arange, (d.ends + i).int(), tables, slots, pos, [1] * b, [e + i for e in d.ends_host])
-        out = draft(tok, pos, feature, step, store)
-        tok, q = pick(draft.compute_logits(out.hidden))
+        pos = ends - 1 + i
+        meta = AttnMetadata(arange[:b + 1], (ends + i).int(), tables, draft_slots(tables, rows, pos, page), pos,
+                            [1] * b, [e + i for e in ends_host])
+        out = draft(tok, pos, feature, meta, store)
+        tok, q = pick(draft.compute_logits(out.hidden), i)
         feature = out.feature
         toks.append(tok)
         qs.append(q)
-    return torch.stack(toks, dim=1), torch.stack(qs, dim=1) if qs[0] is not None else None
+    return toks, qs
+
+
+def extend_verified(draft: Any, store: Any, features: torch.Tensor, emitted: torch.Tensor, pos: torch.Tensor,
+                    accepted: torch.Tensor, tables: torch.Tensor, trow: torch.Tensor, qsl: torch.Tensor,
+                    lens_host: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The draft's extend over B verify rows of q = K + 1 positions [L, L + K] each, at a fixed shape:
+    tokens = the verify's emitted ones (accepted drafts, the bonus, -1 padding -> 0), features = the
+    verify rows' captured residuals [B q, n, Ht]; -> (hidden, feature) at each row's last accepted position
+    L + a, and the draft length after it, L' = L + a + 1. The padding positions >= L' write KV that the
+    chain overwrites or that lies past the length; causal attention keeps it from the real positions.
+    trow [B q] the row of each token, qsl [B + 1] int32 = row * q; lens_host: the backend's host mirrors."""
+    B = accepted.shape[0]
+    q = pos.shape[0] // B
+    start = pos.view(B, q)[:, 0]
+    meta = AttnMetadata(qsl, (start + q).int(), tables, draft_slots(tables, trow, pos, store.page_size), pos,
+                        [q] * B, lens_host)
+    out = draft(emitted.reshape(-1).clamp_min(0), pos, draft.combine_features(features), meta, store)
+    last = qsl[:B].long() + accepted
+    return out.hidden[last], out.feature[last], start + accepted + 1

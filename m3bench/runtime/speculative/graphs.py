@@ -10,8 +10,10 @@ the target forward with the feature capture, the logits of all Bp (1 + K) rows a
 verification (`greedy_result`); rejection sampling and synthetic acceptance run eagerly on the
 graph's logits. Steps carrying prefill chunks, plain or scoring rows run eagerly.
 Chain graph (size Bp, greedy or sampled): the draft's K - 1 chained single-token steps from the
-first draft token and feature (the extend over the accepted positions runs eagerly: its shape
-varies). Sampled chains take their exponential noise from static buffers filled before the replay
+first draft token and feature (after an eager extend over the accepted positions: its shape varies).
+Early graph (size Bp, greedy; overlap, speculative/early.py): the whole draft of a pure-verify step from
+its verification on the device: the extend over each verify row's K + 1 positions (fixed shape), the
+first pick at the last accepted one, the K - 1 chained steps; launched before the host lands the step. Sampled chains take their exponential noise from static buffers filled before the replay
 from each request's generator, in the eager path's order: the same draws, the same tokens.
 
 Static buffers hold every input; block tables are copied on the device into a static table (the
@@ -31,7 +33,7 @@ import torch
 
 from m3bench.runtime.attention.metadata import AttnMetadata
 from m3bench.runtime.engine import graph_batch_sizes
-from m3bench.runtime.speculative.draft_kv import draft_slots
+from m3bench.runtime.speculative.draft_step import chain_steps, extend_verified
 from m3bench.runtime.speculative.propose import draw_from_noise
 from m3bench.runtime.speculative.verify import VerifyResult, verify_greedy
 
@@ -64,9 +66,11 @@ class SpecGraphs:
     def __init__(self, runner: Any, scratch_page: int, draft_scratch_page: int, max_batch_size: int) -> None:
         self.r, self.K = runner, runner.K
         self.sizes = graph_batch_sizes(max_batch_size)
-        self.replays = {"verify": 0, "chain": 0}  # replay counters (tests, benchmarks)
+        self.replays = {"verify": 0, "chain": 0, "early": 0}  # replay counters (tests, benchmarks)
         self._verify: dict[int, _Graph] = {}
         self._chain: dict[tuple[int, bool], _Graph] = {}
+        self._early: dict[int, _Graph] = {}
+        self.last_early: int | None = None  # the size of the last early replay (benchmarks replay it alone)
         self._host: dict[str, list[int]] = {}
         self._alloc_target(scratch_page)
         self._alloc_draft(draft_scratch_page)
@@ -107,6 +111,12 @@ class SpecGraphs:
         self.out_toks = torch.zeros(n, k, dtype=torch.int64, device=dev)
         self.out_q = torch.zeros(n, k, v, dtype=torch.float32, device=dev)
         self.arange = torch.arange(n + 1, dtype=torch.int32, device=dev)
+        q = self.K + 1  # the early graph's inputs: the verification, the verify rows' positions
+        self.e_emit = torch.zeros(n, q, dtype=torch.int64, device=dev)
+        self.e_acc = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.e_pos = self.pad_pos.clone()
+        self.trow = torch.arange(n, dtype=torch.int64, device=dev).repeat_interleave(q)
+        self.early_toks = torch.zeros(n, self.K, dtype=torch.int64, device=dev)
 
     # ---- capture -------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -117,14 +127,15 @@ class SpecGraphs:
         for B in reversed(self.sizes):
             self._host = self._pad_host(0, B)
             self._verify[B] = _Graph(lambda B=B: self._verify_fn(B), dev, pool)
+            self._early[B] = _Graph(lambda B=B: self._early_fn(B), dev, pool)
             if self.K > 1:
                 for sampled in (False, True):
                     self._chain[(B, sampled)] = _Graph(lambda B=B, s=sampled: self._chain_fn(B, s), dev, pool)
 
     def _pad_host(self, b: int, B: int, ends: list[int] | None = None) -> dict[str, list[int]]:
         """Host mirrors of B rows whose first b are real (verify lengths, chain ends) and the rest padding."""
-        q = self.K + 1
-        return {"verify": (ends or [])[:b] + [q] * (B - b), "chain": (ends or [])[:b] + [1] * (B - b)}
+        q, real = self.K + 1, (ends or [])[:b]
+        return {"verify": real + [q] * (B - b), "chain": real + [1] * (B - b), "extend": [q] * B, "early": [1] * B}
 
     def _verify_fn(self, B: int) -> None:
         r, T, q = self.r, B * (self.K + 1), self.K + 1
@@ -137,15 +148,9 @@ class SpecGraphs:
         self.emitted[:B] = res.output_tokens
 
     def _chain_fn(self, B: int, sampled: bool) -> None:
-        r, d, P = self.r, self.r.draft, self.r.layout.page_size
-        tok, feature, ends, rows = self.tok0[:B], self.feat[:B], self.ends[:B], self.arange[:B].long()
-        for i in range(1, self.K):
-            pos = ends - 1 + i
-            meta = AttnMetadata(self.arange[:B + 1], (ends + i).int(), self.dtab[:B],
-                                draft_slots(self.dtab[:B], rows, pos, P), pos, [1] * B,
-                                [e + i for e in self._host["chain"]])
-            out = d(tok, pos, feature, meta, r.layout.store)
-            logits = d.compute_logits(out.hidden)
+        d = self.r.draft
+
+        def pick(logits: torch.Tensor, i: int) -> tuple[torch.Tensor, None]:
             if sampled:
                 s = draw_from_noise(logits, self.temp[:B], self.greedy[:B], self.noise[i - 1, :B])
                 tok = d.to_target_ids(s.token_ids)
@@ -153,7 +158,25 @@ class SpecGraphs:
             else:
                 tok = d.to_target_ids(logits.argmax(-1))
             self.out_toks[:B, i - 1] = tok
-            feature = out.feature
+            return tok, None
+
+        chain_steps(d, self.r.layout.store, self.tok0[:B], self.feat[:B], self.dtab[:B], self.ends[:B],
+                    self._host["chain"], self.K, pick, self.arange)
+
+    def _early_fn(self, B: int) -> None:
+        r, d, T = self.r, self.r.draft, B * (self.K + 1)
+        hidden, feature, ends = extend_verified(d, r.layout.store, r.capture.buffer[:T], self.e_emit[:B],
+                                                self.e_pos[:T], self.e_acc[:B], self.dtab[:B], self.trow[:T],
+                                                self.qsl[:B + 1], self._host["extend"])
+
+        def pick(logits: torch.Tensor, i: int) -> tuple[torch.Tensor, None]:
+            tok = d.to_target_ids(logits.argmax(-1))
+            self.early_toks[:B, i] = tok
+            return tok, None
+
+        tok, _ = pick(d.compute_logits(hidden), 0)
+        chain_steps(d, r.layout.store, tok, feature, self.dtab[:B], ends, self._host["early"], self.K, pick,
+                    self.arange)
 
     # ---- verify replay -------------------------------------------------------------------------
     def fits_verify(self, step: Any) -> bool:
@@ -230,6 +253,42 @@ class SpecGraphs:
         self.temp[b:Bp].fill_(1.0)
         self.greedy[b:Bp].fill_(True)
         self.noise[:, b:Bp].fill_(1.0)
+
+
+    # ---- early replay --------------------------------------------------------------------------
+    def fits_early(self, b: int) -> bool:
+        return 0 < b <= self.sizes[-1]
+
+    def run_early(self, res: VerifyResult, positions: torch.Tensor, tables: torch.Tensor, lens_host: list[int],
+                  ends_host: list[int]) -> torch.Tensor:
+        """Greedy draft tokens [b, K] (target ids) of b pure-verify rows from their verification `res`, the
+        rows' positions [b (K + 1)] and draft tables; lens_host / ends_host: the extend's and the chain's host
+        mirrors (exact for a backend that reads them; the captured graphs keep capture time's)."""
+        b, q = res.num_accepted.shape[0], self.K + 1
+        Bp = next(s for s in self.sizes if s >= b)
+        self.e_emit[:b].copy_(res.output_tokens)
+        self.e_acc[:b].copy_(res.num_accepted)
+        self.e_pos[:b * q].copy_(positions)
+        self.dtab[:b, :tables.shape[1]].copy_(tables)
+        if Bp > b:
+            self._pad_early(b, Bp)
+        self._host = {**self._pad_host(0, Bp), "extend": lens_host + [q] * (Bp - b),
+                      "early": ends_host + [1] * (Bp - b)}
+        self._early[Bp].replay()
+        self.replays["early"] += 1
+        self.last_early = Bp
+        return self.early_toks[:b].clone()  # (the next replay overwrites the buffer; states keep theirs)
+
+    def replay_last_early(self) -> None:
+        """The last early replay again, on the buffers as it left them (benchmarks: the draft alone)."""
+        self._early[self.last_early].replay()
+
+    def _pad_early(self, b: int, Bp: int) -> None:
+        q = self.K + 1
+        self.e_emit[b:Bp].zero_()
+        self.e_acc[b:Bp].zero_()
+        self.e_pos[b * q:Bp * q].copy_(self.pad_pos[b * q:Bp * q])
+        self.dtab[b:Bp].fill_(self.draft_scratch_page)
 
 
 class ChainSampling:

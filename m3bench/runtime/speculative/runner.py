@@ -9,7 +9,9 @@ the target step with verify rows, verification, drafting.
     spec.propose(spec.extends(step))           # draft: extend over the newly verified tokens, chain K - 1 more
 
 With `drafts_on_device` (overlap) the chain's drafts are not read back: the next `prepare` takes them on
-the device, so the host schedules and builds the next step while the draft runs.
+the device, so the host schedules and builds the next step while the draft runs. A pure greedy verify step
+drafts even earlier (`draft_early`, before the host lands it): the draft's inputs are the verification on
+the device, and the host lands the step while the draft runs.
 
 Position contract (tests/runtime/speculative/test_spec_loop.py): the target's KV holds positions [0, L)
 and token L is known but not cached. A verify row runs tokens [t_L, d_1..d_K] at positions
@@ -38,11 +40,12 @@ from m3bench.runtime.block_manager import BlockManager
 from m3bench.runtime.decode_state import PLACEHOLDER
 from m3bench.runtime.kv_cache import KVCache
 from m3bench.runtime.model import CaptureSpec
+from m3bench.runtime.overlap import VerifiedOnHost
 from m3bench.runtime.scheduler import ScheduledBatch
 from m3bench.runtime.sequence import Sequence
 from m3bench.runtime.speculative.config import SpecConfig
 from m3bench.runtime.speculative.draft import Eagle3Draft
-from m3bench.runtime.speculative.draft_step import DraftInputs, run_draft
+from m3bench.runtime.speculative.draft_step import DraftInputs, chain_steps, extend_verified, run_draft
 from m3bench.runtime.speculative.propose import sample_draft
 from m3bench.runtime.speculative.stats import AcceptanceRecord
 from m3bench.runtime.speculative.synthetic import SyntheticAcceptance, force_acceptance
@@ -95,6 +98,8 @@ class SpecRunner:
         self.records: dict[int, AcceptanceRecord] = {}
         self.graphs = None  # SpecGraphs (speculative/graphs.py): captured verify and chain steps, or eager
         self.drafts_on_device = False  # overlap: the drafts stay on the device, no sync after the chain
+        self.early = True  # with drafts_on_device: pure greedy verify steps draft before landing (draft_early)
+        self.early_steps = 0  # steps drafted that way (tests, benchmarks)
 
     def release(self, seq: Sequence) -> None:
         """The target freed the request's pages (finish, abort, preemption): its draft state goes too."""
@@ -199,6 +204,58 @@ class SpecRunner:
                                 lambda logits: self._share(self._pick(logits, seqs)), self._chain_graph(seqs, d))
         if seqs:
             self._store_drafts(seqs, toks, q)
+
+    # ---- drafting before landing (overlap) ------------------------------------------------------
+    @torch.inference_mode()
+    def draft_early(self, step: StepInputs, res: VerifyResult | None) -> VerifiedOnHost | None:
+        """Launch the draft of a pure greedy verify step straight after its verification, from `res` on the
+        device; the verification's host copy (queued first: reading it does not wait for the draft), or None
+        when the step drafts after landing (`propose`)."""
+        if res is None or not self._early_fits(step):
+            return None
+        host = VerifiedOnHost(res)
+        seqs = [r.seq for r in step.verify]
+        with self.clock.forward():
+            toks = self._draft_verified(step, res, seqs, host)
+        for seq in seqs:
+            self.states[seq.request_id] = DraftState([])
+        self._store_drafts(seqs, toks, None)
+        self.early_steps += 1
+        return host
+
+    def _early_fits(self, step: StepInputs) -> bool:
+        """Overlap at TP 1, every row verifies K drafts (no prefill, plain or scoring rows), greedy drafting."""
+        n = len(step.rows)
+        return (self.early and self.drafts_on_device and not self.link.tensor_parallel and n > 0
+                and len(step.verify) == n and not step.plain and step.score_targets.numel() == 0
+                and all(r.length == self.K + 1 and r.base == i * r.length for i, r in enumerate(step.rows))
+                and all(r.seq.params.greedy for r in step.verify))
+
+    def _draft_verified(self, step: StepInputs, res: VerifyResult, seqs: list[Sequence],
+                        host: VerifiedOnHost) -> torch.Tensor:
+        """Draft tokens [B, K] from the verification: the extend over each verify row's K + 1 positions, the
+        chain from the last accepted one (draft_step.extend_verified, chain_steps; its graph where it fits)."""
+        q, starts = self.K + 1, [r.start for r in step.verify]
+        for seq, start in zip(seqs, starts):  # the farthest a chain can reach: L + K + (K - 1)
+            self.layout.reserve(seq, start + 2 * self.K)
+        tables = self.layout.tables(seqs, max(starts) + 2 * self.K)
+        lens_host = [s + q for s in starts]
+        reads_host = not getattr(self.draft.layer.self_attn.backend, "graph_safe", False)
+        accepted = host.lists()[0] if reads_host else [self.K] * len(seqs)  # (exact only where it is read)
+        ends_host = [s + a + 1 for s, a in zip(starts, accepted)]
+        B, T = len(seqs), len(seqs) * q
+        if self.graphs is not None and self.graphs.fits_early(B):
+            return self.graphs.run_early(res, step.positions[:T], tables, lens_host, ends_host)
+        d, store = self.draft, self.layout.store
+        rows = torch.arange(B + 1, dtype=torch.int32, device=self.device)
+        trow = rows[:B].long().repeat_interleave(q)
+        hidden, feature, ends = extend_verified(d, store, self.capture.buffer[:T], res.output_tokens,
+                                                step.positions[:T], res.num_accepted, tables, trow, rows * q,
+                                                lens_host)
+        greedy = lambda logits, i=0: (d.to_target_ids(logits.argmax(-1)), None)  # noqa: E731
+        tok, _ = greedy(d.compute_logits(hidden))
+        rest, _ = chain_steps(d, store, tok, feature, tables, ends, ends_host, self.K, greedy, rows)
+        return torch.stack([tok] + rest, dim=1)
 
     def _draft_inputs(self, extends: list[Extend]) -> tuple[DraftInputs, list[Extend]]:
         """The draft phase's inputs on the device (one host -> device copy), and the proposing requests."""

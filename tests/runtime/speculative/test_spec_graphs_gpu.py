@@ -114,7 +114,10 @@ def test_graph_replay_equals_eager(model, layout, k, batch, sampled):
     assert accepted > 0 or sampled  # (sampled rows leave the greedy oracle's path)
     replays = g_llm.engine.spec.graphs.replays
     assert replays["verify"] > 0
-    assert (replays["chain"] > 0) == (k > 1)
+    if sampled:  # sampled drafts: the extend after landing, then the chain graph
+        assert (replays["chain"] > 0) == (k > 1) and replays["early"] == 0
+    else:  # overlap (CUDA's default): greedy pure-verify steps draft in the early graph, before landing
+        assert replays["early"] > 0 and replays["early"] == g_llm.engine.spec.early_steps
 
 
 def test_graph_replay_with_synthetic_acceptance(model):
@@ -129,12 +132,13 @@ def test_graph_replay_with_synthetic_acceptance(model):
 
 
 def test_replays_count_every_pure_decode_step(model):
-    """Once every request decodes (one prompt, prefilled in one step), each further step replays both graphs."""
+    """Once every request decodes (one prompt, prefilled in one step), each further step replays the verify
+    graph and a draft graph (the early one under overlap, CUDA's default; else the chain)."""
     llm = LLM(model, speculative_model=_draft(model), draft_len=3, draft_kv="shared", cuda_graphs=True, **_args())
     llm.generate(_prompts(1), SamplingParams(max_tokens=N_NEW, ignore_eos=True))
     s, r = llm.spec_stats(), llm.engine.spec.graphs.replays
     assert r["verify"] == s.verify_steps  # (the one request's verify steps: all pure-decode)
-    assert r["chain"] >= r["verify"] - 1
+    assert r["chain"] + r["early"] >= r["verify"] - 1 and r["early"] > 0
 
 
 def test_graphs_refuse_a_draft_on_the_torch_backend(model):

@@ -91,7 +91,27 @@ def test_logprobs_stops_and_preemption_under_overlap(model, prompts, oracle_seqs
                  num_kv_blocks=9)
     _same(over.generate(prompts, params), want, lp_tol=1e-3)
     assert over.stats().num_preemptions > 0 and over.spec_stats().accepted > 0
+    assert over.engine.spec.early_steps > 0  # stops inside accepted runs, preemptions: with the early draft
     assert over.engine.spec.layout.num_free == over.engine.spec.layout.store.num_pages  # all draft pages back
+
+
+@pytest.mark.parametrize("layout", ["separate", "shared"])
+@pytest.mark.parametrize("k", [1, 3])
+def test_early_draft_equals_drafting_after_landing(model, prompts, oracle_seqs, layout, k):
+    """A pure greedy verify step drafts from its verification on the device, before it lands (the extend
+    over the verify row's K + 1 positions at a fixed shape): the same drafts as the extend over the
+    landed positions, so the same proposals, acceptances and tokens; requests of different lengths
+    finish at different steps (max_tokens inside an accepted run)."""
+    params = [SamplingParams(max_tokens=N_NEW - 3 * i, ignore_eos=True) for i in range(4)]
+    runs = {}
+    for early in (False, True):
+        llm = _spec(model, OracleDraft(model, oracle_seqs, wrong_every=3), True, layout, k, kv_cache_dtype="bf16")
+        llm.engine.spec.early = early
+        outs = [(o.token_ids, o.finish_reason) for o in llm.generate(prompts, params)]
+        st = llm.spec_stats()
+        runs[early] = (outs, st.drafts, st.proposed, st.accepted, llm.engine.spec.early_steps)
+    assert runs[True][:4] == runs[False][:4] and 0 < runs[True][3] < runs[True][2]
+    assert runs[False][4] == 0 and runs[True][4] > 0
 
 
 @pytest.mark.parametrize("layout", ["separate", "shared"])
@@ -142,7 +162,11 @@ def test_graph_paths_under_overlap(model, prompts, oracle_seqs, cpu_graphs, temp
         outs[overlap] = [o.token_ids for o in llm.generate(prompts, params)]
     assert outs[True] == outs[False]
     replays = llm.engine.spec.graphs.replays
-    assert replays["verify"] > 0 and replays["chain"] > 0
+    assert replays["verify"] > 0
+    if temperature == 0.0:  # greedy: the whole draft from the verification, in the early graph
+        assert replays["early"] > 0 and replays["early"] == llm.engine.spec.early_steps
+    else:  # sampled drafts: the extend after landing, then the chain graph
+        assert replays["chain"] > 0 and replays["early"] == 0
 
 
 def test_scoring_beside_overlapped_speculation(model, prompts, oracle_seqs):
