@@ -41,6 +41,7 @@ from m3bench.runtime.decode_state import PLACEHOLDER
 from m3bench.runtime.kv_cache import KVCache
 from m3bench.runtime.model import CaptureSpec
 from m3bench.runtime.overlap import VerifiedOnHost
+from m3bench.runtime.rank_step import NO_LINK, target_logits
 from m3bench.runtime.scheduler import ScheduledBatch
 from m3bench.runtime.sequence import Sequence
 from m3bench.runtime.speculative.config import SpecConfig
@@ -49,12 +50,16 @@ from m3bench.runtime.speculative.draft_step import DraftInputs, chain_steps, ext
 from m3bench.runtime.speculative.propose import sample_draft
 from m3bench.runtime.speculative.stats import AcceptanceRecord
 from m3bench.runtime.speculative.synthetic import SyntheticAcceptance, force_acceptance
-from m3bench.runtime.rank_step import NO_LINK, target_logits
-from m3bench.runtime.step_timing import NO_CLOCK
-from m3bench.runtime.step_rows import Row, StepInputs, StepRows
 from m3bench.runtime.speculative.verify import (
-    VerifyResult, draw_uniforms, emitted_logprobs, target_distribution, verify_greedy, verify_sampled,
+    VerifyResult,
+    draw_uniforms,
+    emitted_logprobs,
+    target_distribution,
+    verify_greedy,
+    verify_sampled,
 )
+from m3bench.runtime.step_rows import Row, StepInputs, StepRows
+from m3bench.runtime.step_timing import NO_CLOCK
 from m3bench.runtime.transfer import upload_list
 
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from engine_spec_helpers import LLM, OracleDraft, SamplingParams, llm_args, random_draft, random_prompts, small_model
 
 import m3bench.runtime.engine_builder as engine_builder
 import m3bench.runtime.engine_config as engine_config
-from engine_spec_helpers import LLM, OracleDraft, SamplingParams, llm_args, random_draft, random_prompts, small_model
 from m3bench.runtime.decode_state import PLACEHOLDER
 
 N_NEW = 12
