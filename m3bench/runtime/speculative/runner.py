@@ -37,7 +37,8 @@ from typing import Any
 import torch
 
 from m3bench.runtime.block_manager import BlockManager
-from m3bench.runtime.decode_state import PLACEHOLDER
+from m3bench.runtime.attention.metadata import AttnMetadata
+from m3bench.runtime.decode_state import PLACEHOLDER, DecodeState
 from m3bench.runtime.kv_cache import KVCache
 from m3bench.runtime.model import CaptureSpec
 from m3bench.runtime.overlap import VerifiedOnHost
@@ -105,6 +106,12 @@ class SpecRunner:
         self.drafts_on_device = False  # overlap: the drafts stay on the device, no sync after the chain
         self.early = True  # with drafts_on_device: pure greedy verify steps draft before landing (draft_early)
         self.early_steps = 0  # steps drafted that way (tests, benchmarks)
+        self.dstate = DecodeState(bm, model.device, self.K)  # early-drafted rows: the next verify on the device
+        self.device_steps = 0  # verify steps built that way (tests, benchmarks)
+        q, n = self.K + 1, bm.max_rows
+        self._qsl = (torch.arange(n + 1, dtype=torch.int64, device=model.device) * q).int()
+        self._idx = torch.arange(n * q, dtype=torch.int64, device=model.device)
+        self._held = (PLACEHOLDER,) * self.K
 
     def release(self, seq: Sequence) -> None:
         """The target freed the request's pages (finish, abort, preemption): its draft state goes too."""
@@ -116,12 +123,28 @@ class SpecRunner:
 
     # ---- target step ---------------------------------------------------------------------------
     def prepare(self, batch: ScheduledBatch) -> StepInputs:
+        if self.dstate.ready(batch):  # rows 0..B-1, each early-drafted by the last step that ran it
+            return self._prepare_verify(batch)
+        self.dstate.forget_rows(batch.seqs)  # (their state moves on with this host-built step)
         rows = StepRows()
         for seq, n in zip(batch.seqs, batch.num_tokens):
             st = self.states.get(seq.request_id)
             rows.add(seq, n, st.drafts if st is not None and seq.num_to_compute == 1 else ())
         fill = self._device_drafts if self.drafts_on_device else None  # the drafts the last chain left there
         return rows.to_device(batch, self.bm, self.device, self.K, draft_tokens=fill)
+
+    def _prepare_verify(self, batch: ScheduledBatch) -> StepInputs:
+        """A pure-verify step from the DecodeState: every row [last token, its K drafts], no per-token host work."""
+        B, q = len(batch.seqs), self.K + 1
+        self.bm.flush()
+        ids, pos, slots, lens, drafts = self.dstate.verify_inputs(B)
+        lens_host = [s.num_computed + q for s in batch.seqs]
+        tables = self.bm.table[:B, :-(-max(lens_host) // self.bm.P)]
+        meta = AttnMetadata(self._qsl[:B + 1], lens, tables, slots, pos, [q] * B, lens_host)
+        rows = [Row(s, s.num_computed, q, i * q, self._held) for i, s in enumerate(batch.seqs)]
+        self.device_steps += 1
+        return StepInputs(ids, pos, meta, self._idx[:B * q], [], self._idx[:0], [], device_built=True, rows=rows,
+                          verify=rows, draft_tokens=drafts)
 
     def _device_drafts(self, verify: list[Row]) -> torch.Tensor:
         return torch.stack([self.states[r.seq.request_id].tokens for r in verify])
@@ -225,6 +248,9 @@ class SpecRunner:
         for seq in seqs:
             self.states[seq.request_id] = DraftState([])
         self._store_drafts(seqs, toks, None)
+        q = self.K + 1  # each row's next verify: the bonus token at L' = L + a + 1, then these drafts
+        start = step.positions[:len(seqs) * q].view(-1, q)[:, 0] + res.num_accepted + 1
+        self.dstate.record_verified(seqs, start, res.output_tokens.gather(1, res.num_accepted[:, None])[:, 0], toks)
         self.early_steps += 1
         return host
 

@@ -92,6 +92,7 @@ def test_logprobs_stops_and_preemption_under_overlap(model, prompts, oracle_seqs
     _same(over.generate(prompts, params), want, lp_tol=1e-3)
     assert over.stats().num_preemptions > 0 and over.spec_stats().accepted > 0
     assert over.engine.spec.early_steps > 0  # stops inside accepted runs, preemptions: with the early draft
+    assert over.engine.spec.device_steps > 0  # and verify steps built on the device from its state
     assert over.engine.spec.layout.num_free == over.engine.spec.layout.store.num_pages  # all draft pages back
 
 
@@ -99,9 +100,10 @@ def test_logprobs_stops_and_preemption_under_overlap(model, prompts, oracle_seqs
 @pytest.mark.parametrize("k", [1, 3])
 def test_early_draft_equals_drafting_after_landing(model, prompts, oracle_seqs, layout, k):
     """A pure greedy verify step drafts from its verification on the device, before it lands (the extend
-    over the verify row's K + 1 positions at a fixed shape): the same drafts as the extend over the
-    landed positions, so the same proposals, acceptances and tokens; requests of different lengths
-    finish at different steps (max_tokens inside an accepted run)."""
+    over the verify row's K + 1 positions at a fixed shape), and the next pure-verify step is built on the
+    device from that draft's state: the same drafts and inputs as the host's, so the same proposals,
+    acceptances and tokens; requests of different lengths finish at different steps (max_tokens inside an
+    accepted run; the block-table rows of those left move)."""
     params = [SamplingParams(max_tokens=N_NEW - 3 * i, ignore_eos=True) for i in range(4)]
     runs = {}
     for early in (False, True):
@@ -109,9 +111,10 @@ def test_early_draft_equals_drafting_after_landing(model, prompts, oracle_seqs, 
         llm.engine.spec.early = early
         outs = [(o.token_ids, o.finish_reason) for o in llm.generate(prompts, params)]
         st = llm.spec_stats()
-        runs[early] = (outs, st.drafts, st.proposed, st.accepted, llm.engine.spec.early_steps)
+        spec = llm.engine.spec
+        runs[early] = (outs, st.drafts, st.proposed, st.accepted, spec.early_steps, spec.device_steps)
     assert runs[True][:4] == runs[False][:4] and 0 < runs[True][3] < runs[True][2]
-    assert runs[False][4] == 0 and runs[True][4] > 0
+    assert runs[False][4:] == (0, 0) and runs[True][4] > 0 and runs[True][5] > 0
 
 
 @pytest.mark.parametrize("layout", ["separate", "shared"])
