@@ -395,17 +395,45 @@ class Engine:
         """The one way tokens land, in every mode (a sampled token, a verify row's accepted drafts and
         bonus, an overlapped step's token one step late): append them in order with the stop rules
         (the first stop ends the run); one delta for what landed. lps / tops: per token, None without logprobs."""
-        n = 0
-        for t, lp, top in zip(tokens, lps, tops, strict=True):
-            self._append(seq, t, now, lp, top)
-            n += 1
-            if seq.finished:
-                break
+        if not len(tokens) == len(lps) == len(tops):
+            raise ValueError(f"{len(tokens)} tokens with {len(lps)} logprobs and {len(tops)} tops")
+        if self._no_stop_within(seq, tokens):  # (the common run: the same appends without per-token checks)
+            n = self._append_run(seq, tokens, now, lps, tops)
+        else:
+            n = 0
+            for t, lp, top in zip(tokens, lps, tops):
+                self._append(seq, t, now, lp, top)
+                n += 1
+                if seq.finished:
+                    break
         delta = make_delta(seq, tuple(tokens[:n]), _new_text(seq), (now,) * n)
         if seq.params.logprobs is None:
             return delta
         return dataclasses.replace(delta, logprobs=tuple(seq.logprobs[-n:]),
                                    top_logprobs=tuple(tuple(t) for t in seq.top_logprobs[-n:]))
+
+    def _no_stop_within(self, seq: Sequence, tokens: list[int]) -> bool:
+        """No stop rule can fire while `tokens` land: no stop strings to match, no stop or EOS id among them,
+        max_tokens and max_model_len beyond them."""
+        p, n = seq.params, len(tokens)
+        if (p.stop and seq.detok is not None) or len(seq.output_ids) + n >= p.max_tokens \
+                or seq.num_tokens + n >= self.max_model_len:
+            return False
+        stops = p.stop_token_ids if p.ignore_eos else self.eos.union(p.stop_token_ids)
+        return not any(t in stops for t in tokens)
+
+    def _append_run(self, seq: Sequence, tokens: list[int], now: float, lps: list, tops: list) -> int:
+        """`_append` of every token when no stop rule can fire (`_no_stop_within`)."""
+        n = len(tokens)
+        seq.output_ids += tokens
+        seq.timings.token_s += [now] * n
+        if seq.params.logprobs is not None:
+            k = seq.params.logprobs
+            seq.logprobs += lps
+            seq.top_logprobs += [top[:k] if top else [] for top in tops]
+        if seq.detok is not None:
+            seq.text += "".join(seq.detok.add(t) for t in tokens)
+        return n
 
     def _append(self, seq: Sequence, token: int, now: float, lp: float | None, top) -> None:
         """One token onto the request: its time, logprobs and text; finished when a stop rule fires."""

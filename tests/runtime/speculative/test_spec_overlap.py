@@ -184,3 +184,30 @@ def test_scoring_beside_overlapped_speculation(model, prompts, oracle_seqs):
     got = over.score(pairs)
     assert [g for _, g in got] == [g for _, g in want]
     assert max(abs(a - b) for (a, _), (b, _) in zip(got, want)) < 1e-3
+
+
+def test_runs_land_as_token_by_token(model, prompts, oracle_seqs, monkeypatch):
+    """Engine.land appends a run at once when no stop rule can fire within it (Engine._no_stop_within); the
+    tokens, logprobs, tops and finish reasons equal landing token by token, with stop ids, min_tokens and
+    max_tokens met inside accepted runs."""
+    from m3bench.runtime.engine import Engine
+
+    ref = LLM(model, **llm_args(kv_cache_dtype="bf16")).generate(prompts, SamplingParams(max_tokens=N_NEW,
+                                                                                         ignore_eos=True))
+    params = [SamplingParams(max_tokens=N_NEW - i, logprobs=2, min_tokens=i,
+                             stop_token_ids=(r.token_ids[4 + 2 * i],) if i < 3 else ()) for i, r in enumerate(ref)]
+    runs, fast = [], Engine._no_stop_within
+    for allowed in (True, False):
+        calls = []
+
+        def spy(self, seq, tokens, allowed=allowed, calls=calls):
+            calls.append(fast(self, seq, tokens))
+            return calls[-1] and allowed
+
+        monkeypatch.setattr(Engine, "_no_stop_within", spy)
+        llm = _spec(model, OracleDraft(model, oracle_seqs, wrong_every=3), True, kv_cache_dtype="bf16")
+        outs = llm.generate(prompts, params)
+        runs.append([(o.token_ids, o.finish_reason, o.logprobs, o.top_logprobs) for o in outs])
+        assert any(calls) and not all(calls)  # both kinds of run happened
+    assert runs[0] == runs[1]
+    assert any(o[1] == "stop" for o in runs[0]) and any(o[1] == "length" for o in runs[0])
