@@ -36,8 +36,8 @@ from typing import Any
 
 import torch
 
-from m3bench.runtime.block_manager import BlockManager
 from m3bench.runtime.attention.metadata import AttnMetadata
+from m3bench.runtime.block_manager import BlockManager
 from m3bench.runtime.decode_state import PLACEHOLDER, DecodeState
 from m3bench.runtime.kv_cache import KVCache
 from m3bench.runtime.model import CaptureSpec
