@@ -76,7 +76,12 @@ def top_k_top_p(x: torch.Tensor, top_k: Seq[int], top_p: Seq[float]) -> torch.Te
     """Set to -inf the logits outside each row's top-k and top-p nucleus (k 0 / p 1: off; keeps >= 1)."""
     V = x.shape[-1]
     k = upload_list([kk if 0 < kk < V else V for kk in top_k], torch.int64, x.device)
-    p = upload_list(list(top_p), torch.float32, x.device)
+    return top_k_top_p_rows(x, k, upload_list(list(top_p), torch.float32, x.device))
+
+
+def top_k_top_p_rows(x: torch.Tensor, k: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """top_k_top_p with the rows' k (int64, 1..V) and p (float32) as device tensors (no host reads)."""
+    V = x.shape[-1]
     sorted_x, order = x.sort(dim=-1, descending=True)
     rank = torch.arange(V, device=x.device)[None, :]
     drop = rank >= k[:, None]

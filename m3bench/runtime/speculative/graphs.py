@@ -9,6 +9,9 @@ Verify graph (size Bp): Bp rows of 1 + K tokens (a pure-decode step: every row v
 the target forward with the feature capture, the logits of all Bp (1 + K) rows and their greedy
 verification (`greedy_result`); rejection sampling and synthetic acceptance run eagerly on the
 graph's logits. Steps carrying prefill chunks, plain or scoring rows run eagerly.
+Sampled verification graph (size Bp, with or without top-k / top-p): rejection sampling on the verify
+graph's logits (target_distribution_rows + verify_sampled), its inputs (temperature, top-k, top-p,
+greedy rows, the uniforms drawn in the eager order, the drafts' distributions q) in static buffers.
 Chain graph (size Bp, greedy or sampled): the draft's K - 1 chained single-token steps from the
 first draft token and feature (after an eager extend over the accepted positions: its shape varies).
 Early graph (size Bp, greedy; overlap, speculative/early.py): the whole draft of a pure-verify step from
@@ -35,7 +38,14 @@ from m3bench.runtime.attention.metadata import AttnMetadata
 from m3bench.runtime.engine import graph_batch_sizes
 from m3bench.runtime.speculative.draft_step import chain_steps, extend_verified
 from m3bench.runtime.speculative.propose import draw_from_noise
-from m3bench.runtime.speculative.verify import VerifyResult, verify_greedy
+from m3bench.runtime.speculative.verify import (
+    VerifyResult,
+    filtered,
+    sampling_rows,
+    target_distribution_rows,
+    verify_greedy,
+    verify_sampled,
+)
 
 
 class _Graph:
@@ -66,10 +76,11 @@ class SpecGraphs:
     def __init__(self, runner: Any, scratch_page: int, draft_scratch_page: int, max_batch_size: int) -> None:
         self.r, self.K = runner, runner.K
         self.sizes = graph_batch_sizes(max_batch_size)
-        self.replays = {"verify": 0, "chain": 0, "early": 0}  # replay counters (tests, benchmarks)
+        self.replays = {"verify": 0, "sampled": 0, "chain": 0, "early": 0}  # replay counters (tests, benchmarks)
         self._verify: dict[int, _Graph] = {}
         self._chain: dict[tuple[int, bool], _Graph] = {}
         self._early: dict[int, _Graph] = {}
+        self._sampled: dict[tuple[int, bool], _Graph] = {}
         self.last_early: int | None = None  # the size of the last early replay (benchmarks replay it alone)
         self._host: dict[str, list[int]] = {}
         self._alloc_target(scratch_page)
@@ -94,6 +105,15 @@ class SpecGraphs:
         self.accepted = torch.zeros(n, dtype=torch.int64, device=dev)
         self.emitted = torch.full((n, q), -1, dtype=torch.int64, device=dev)
         self.last_step: Any = None  # the step whose greedy verification the buffers hold
+        v = r.model.cfg.vocab_size  # sampled verification's inputs and result
+        self.s_temp = torch.ones(n, dtype=torch.float32, device=dev)
+        self.s_top_k = torch.full((n,), v, dtype=torch.int64, device=dev)
+        self.s_top_p = torch.ones(n, dtype=torch.float32, device=dev)
+        self.s_greedy = torch.ones(n, dtype=torch.bool, device=dev)
+        self.s_u = torch.zeros(n, q, dtype=torch.float64, device=dev)
+        self.s_q = torch.zeros(n, self.K, v, dtype=torch.float32, device=dev)
+        self.s_accepted = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.s_emitted = torch.full((n, q), -1, dtype=torch.int64, device=dev)
 
     def _alloc_draft(self, scratch_page: int) -> None:
         r, n, k = self.r, self.sizes[-1], max(self.K - 1, 1)
@@ -128,6 +148,8 @@ class SpecGraphs:
             self._host = self._pad_host(0, B)
             self._verify[B] = _Graph(lambda B=B: self._verify_fn(B), dev, pool)
             self._early[B] = _Graph(lambda B=B: self._early_fn(B), dev, pool)
+            for filt in (False, True):
+                self._sampled[(B, filt)] = _Graph(lambda B=B, f=filt: self._sampled_fn(B, f), dev, pool)
             if self.K > 1:
                 for sampled in (False, True):
                     self._chain[(B, sampled)] = _Graph(lambda B=B, s=sampled: self._chain_fn(B, s), dev, pool)
@@ -146,6 +168,14 @@ class SpecGraphs:
         res = verify_greedy(self.logits[:T].view(B, q, -1), self.drafts[:B], self.num_draft[:B])
         self.accepted[:B] = res.num_accepted
         self.emitted[:B] = res.output_tokens
+
+    def _sampled_fn(self, B: int, filter_rows: bool) -> None:
+        q = self.K + 1
+        p = target_distribution_rows(self.logits[:B * q].view(B, q, -1), self.s_temp[:B], self.s_top_k[:B],
+                                     self.s_top_p[:B], filter_rows)
+        res = verify_sampled(p, self.s_q[:B], self.drafts[:B], self.num_draft[:B], self.s_greedy[:B], self.s_u[:B])
+        self.s_accepted[:B] = res.num_accepted
+        self.s_emitted[:B] = res.output_tokens
 
     def _chain_fn(self, B: int, sampled: bool) -> None:
         d = self.r.draft
@@ -210,6 +240,23 @@ class SpecGraphs:
             return None
         B = len(step.rows)
         return VerifyResult(num_accepted=self.accepted[:B].clone(), output_tokens=self.emitted[:B].clone())
+
+    def sampled_result(self, step: Any, params: list, draft_probs: list[torch.Tensor],
+                       uniforms: torch.Tensor) -> VerifyResult | None:
+        """verify_sampled of `step` on its verify graph's logits, in the sampled verification graph (None if
+        the step's target ran eagerly); params per row, draft_probs [K, V] per row, uniforms [B, K + 1]."""
+        if step is not self.last_step:
+            return None
+        B = len(step.rows)
+        Bp = next(s for s in self.sizes if s >= B)
+        for buf, values in zip((self.s_temp, self.s_top_k, self.s_top_p), sampling_rows(params, self.s_q.shape[2])):
+            buf[:B].copy_(torch.tensor(values, dtype=buf.dtype), non_blocking=True)
+        self.s_greedy[:B].copy_(torch.tensor([p.greedy for p in params]), non_blocking=True)
+        torch.stack(draft_probs, out=self.s_q[:B])
+        self.s_u[:B].copy_(uniforms)
+        self._sampled[(Bp, filtered(params))].replay()
+        self.replays["sampled"] += 1
+        return VerifyResult(num_accepted=self.s_accepted[:B].clone(), output_tokens=self.s_emitted[:B].clone())
 
     def _pad_verify(self, B: int, Bp: int) -> None:
         q = self.K + 1

@@ -173,11 +173,15 @@ class SpecRunner:
         if all(s.params.greedy for s in seqs):
             captured = self.graphs.greedy_result(step) if self.graphs is not None else None
             return captured if captured is not None else verify_greedy(target, step.draft_tokens, num_draft)
-        p = target_distribution(target, [s.params for s in seqs])
-        q = torch.stack([self._draft_probs(r, d, p.shape[-1]) for r, d in zip(step.verify, step.draft_tokens)])
+        params, vocab = [s.params for s in seqs], target.shape[-1]
+        qs = [self._draft_probs(r, d, vocab) for r, d in zip(step.verify, step.draft_tokens)]
         u = draw_uniforms([self.K] * len(seqs), self.K, [s.generator for s in seqs], self.generator, self.device)
+        captured = self.graphs.sampled_result(step, params, qs, u) if self.graphs is not None else None
+        if captured is not None:
+            return captured
         greedy = torch.tensor([s.params.greedy for s in seqs], device=self.device)
-        return verify_sampled(p, q, step.draft_tokens, num_draft, greedy, u)
+        return verify_sampled(target_distribution(target, params), torch.stack(qs), step.draft_tokens, num_draft,
+                              greedy, u)
 
     def _draft_probs(self, row: Row, drafts: torch.Tensor, vocab: int) -> torch.Tensor:
         q = self.states[row.seq.request_id].q

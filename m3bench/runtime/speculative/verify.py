@@ -18,8 +18,9 @@ from typing import Sequence
 
 import torch
 
-from m3bench.runtime.sampler import top_k_top_p
+from m3bench.runtime.sampler import top_k_top_p_rows
 from m3bench.runtime.sequence import SamplingParams
+from m3bench.runtime.transfer import upload_list
 
 
 @dataclass(frozen=True)
@@ -60,12 +61,30 @@ def verify_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor, num_d
 def target_distribution(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
     """[B, K+1, V] logits -> the probabilities the sampler draws from: softmax of top-k / top-p
     filtered logits / T, row b with params[b] (T = 0 rows use T = 1: only their argmax matters)."""
+    v = logits.shape[-1]
+    temp, k, p = (upload_list(values, dtype, logits.device) for values, dtype in zip(sampling_rows(params, v), (
+        torch.float32, torch.int64, torch.float32)))
+    return target_distribution_rows(logits, temp, k, p, filtered(params))
+
+
+def sampling_rows(params: Sequence[SamplingParams], vocab: int) -> tuple[list[float], list[int], list[float]]:
+    """Per row: temperature (T = 0 rows: 1), top-k (1..vocab; 0 = off -> vocab), top-p."""
+    return ([p.temperature if p.temperature > 0 else 1.0 for p in params],
+            [p.top_k if 0 < p.top_k < vocab else vocab for p in params], [p.top_p for p in params])
+
+
+def filtered(params: Sequence[SamplingParams]) -> bool:
+    """Whether any row filters by top-k / top-p."""
+    return any(p.top_k > 0 or p.top_p < 1.0 for p in params)
+
+
+def target_distribution_rows(logits: torch.Tensor, temp: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                             filter_rows: bool) -> torch.Tensor:
+    """target_distribution with the rows' temperature, top-k, top-p as device tensors [B] (graph safe)."""
     b, n, v = logits.shape
-    x = logits.float() / torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params],
-                                      device=logits.device)[:, None, None]
-    if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
-        x = top_k_top_p(x.reshape(b * n, v), [p.top_k for p in params for _ in range(n)],
-                        [p.top_p for p in params for _ in range(n)]).view(b, n, v)
+    x = logits.float() / temp[:, None, None]
+    if filter_rows:
+        x = top_k_top_p_rows(x.reshape(b * n, v), top_k.repeat_interleave(n), top_p.repeat_interleave(n)).view(b, n, v)
     return torch.softmax(x, dim=-1)
 
 

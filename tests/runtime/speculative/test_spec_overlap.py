@@ -153,11 +153,13 @@ def cpu_graphs(monkeypatch):
     monkeypatch.setattr(engine_builder, "check_graphs", lambda *a: None)
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_graph_paths_under_overlap(model, prompts, oracle_seqs, cpu_graphs, temperature):
-    """The verify graph (greedy verification inside it) and the chain graph take the device drafts."""
-    params = [SamplingParams(max_tokens=N_NEW, ignore_eos=True, temperature=temperature, seed=5 + i)
-              for i in range(4)]
+@pytest.mark.parametrize(("temperature", "top_p"), [(0.0, 1.0), (1.0, 1.0), (1.0, 0.8)])
+def test_graph_paths_under_overlap(model, prompts, oracle_seqs, cpu_graphs, temperature, top_p):
+    """The verify graph (greedy verification inside it; rejection sampling, with or without top-p, in the
+    sampled verification graph) and the draft's graphs (early for greedy, chain for sampled) take the
+    device drafts; the tokens equal the eager synchronous loop's."""
+    params = [SamplingParams(max_tokens=N_NEW, ignore_eos=True, temperature=temperature, seed=5 + i,
+                             top_p=top_p if i % 2 else 1.0) for i in range(4)]
     outs = {}
     for overlap, graphs in ((False, False), (True, True)):
         llm = LLM(model, speculative_model=OracleDraft(model, oracle_seqs, wrong_every=3), draft_len=3,
@@ -168,8 +170,9 @@ def test_graph_paths_under_overlap(model, prompts, oracle_seqs, cpu_graphs, temp
     assert replays["verify"] > 0
     if temperature == 0.0:  # greedy: the whole draft from the verification, in the early graph
         assert replays["early"] > 0 and replays["early"] == llm.engine.spec.early_steps
-    else:  # sampled drafts: the extend after landing, then the chain graph
-        assert replays["chain"] > 0 and replays["early"] == 0
+        assert replays["sampled"] == 0
+    else:  # sampled: rejection sampling in its graph; the extend after landing, then the chain graph
+        assert replays["sampled"] > 0 and replays["chain"] > 0 and replays["early"] == 0
 
 
 def test_scoring_beside_overlapped_speculation(model, prompts, oracle_seqs):
