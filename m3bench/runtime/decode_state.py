@@ -24,6 +24,7 @@ import torch
 
 from m3bench.runtime.block_manager import BlockManager
 from m3bench.runtime.scheduler import ScheduledBatch
+from m3bench.runtime.transfer import upload_list
 
 PLACEHOLDER = -1  # a token id still being sampled on the device (asynchronous scheduling)
 
@@ -74,7 +75,7 @@ class DecodeState:
             self.pos[:B].copy_(start)
             self.drafts[:B].copy_(drafts)
         else:
-            rows = torch.tensor(rows_host, dtype=torch.int64).to(self.tokens.device, non_blocking=True)
+            rows = upload_list(rows_host, torch.int64, self.tokens.device)
             self.tokens[rows], self.pos[rows], self.drafts[rows] = last, start, drafts
         for r, s in zip(rows_host, seqs):
             self.owner[r] = s

@@ -68,11 +68,17 @@ def to_host(sampled: SamplerOutput | None) -> tuple[SamplerOutput | None, Any]:
     """Queue the copy of the sampled tensors to pinned host memory; (host copies, event that fires when done)."""
     if sampled is None or sampled.token_ids.device.type != "cuda":
         return sampled, None
+    copies, done = to_pinned([sampled.token_ids, sampled.logprobs, sampled.top_ids, sampled.top_logprobs])
+    return SamplerOutput(*copies), done
+
+
+def to_pinned(tensors: list) -> tuple[list, Any]:
+    """Queue each CUDA tensor's copy (None stays None) to pinned host memory; (copies, event fired when done)."""
     copies = [None if t is None else torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
-              for t in (sampled.token_ids, sampled.logprobs, sampled.top_ids, sampled.top_logprobs)]
+              for t in tensors]
     done = torch.cuda.Event()
     done.record()
-    return SamplerOutput(*copies), done
+    return copies, done
 
 
 class VerifiedOnHost:
@@ -81,12 +87,9 @@ class VerifiedOnHost:
 
     def __init__(self, res: Any) -> None:
         both = torch.cat((res.num_accepted[:, None], res.output_tokens), dim=1)
-        self.done = None
+        self.host, self.done, self._lists = both, None, None
         if both.device.type == "cuda":
-            both = torch.empty(both.shape, dtype=both.dtype, pin_memory=True).copy_(both, non_blocking=True)
-            self.done = torch.cuda.Event()
-            self.done.record()
-        self.host, self._lists = both, None
+            (self.host,), self.done = to_pinned([both])
 
     def lists(self) -> tuple[list[int], list[list[int]]]:
         """(accepted, emitted) as host lists (the one sync, once)."""

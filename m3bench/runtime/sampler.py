@@ -74,9 +74,13 @@ class Sampler:
 
 def top_k_top_p(x: torch.Tensor, top_k: Seq[int], top_p: Seq[float]) -> torch.Tensor:
     """Set to -inf the logits outside each row's top-k and top-p nucleus (k 0 / p 1: off; keeps >= 1)."""
-    V = x.shape[-1]
-    k = upload_list([kk if 0 < kk < V else V for kk in top_k], torch.int64, x.device)
+    k = upload_list([effective_top_k(kk, x.shape[-1]) for kk in top_k], torch.int64, x.device)
     return top_k_top_p_rows(x, k, upload_list(list(top_p), torch.float32, x.device))
+
+
+def effective_top_k(top_k: int, vocab: int) -> int:
+    """A request's top-k as the filter runs it: 1..vocab (0, off, and anything past the vocabulary: vocab)."""
+    return top_k if 0 < top_k < vocab else vocab
 
 
 def top_k_top_p_rows(x: torch.Tensor, k: torch.Tensor, p: torch.Tensor) -> torch.Tensor:

@@ -98,15 +98,17 @@ def chain_steps(draft: Any, store: Any, tok: torch.Tensor, feature: torch.Tensor
     return toks, qs
 
 
-def extend_verified(draft: Any, store: Any, features: torch.Tensor, emitted: torch.Tensor, pos: torch.Tensor,
-                    accepted: torch.Tensor, tables: torch.Tensor, trow: torch.Tensor, qsl: torch.Tensor,
-                    lens_host: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The draft's extend over B verify rows of q = K + 1 positions [L, L + K] each, at a fixed shape:
-    tokens = the verify's emitted ones (accepted drafts, the bonus, -1 padding -> 0), features = the
-    verify rows' captured residuals [B q, n, Ht]; -> (hidden, feature) at each row's last accepted position
-    L + a, and the draft length after it, L' = L + a + 1. The padding positions >= L' write KV that the
-    chain overwrites or that lies past the length; causal attention keeps it from the real positions.
-    trow [B q] the row of each token, qsl [B + 1] int32 = row * q; lens_host: the backend's host mirrors."""
+def draft_verified(draft: Any, store: Any, features: torch.Tensor, emitted: torch.Tensor, pos: torch.Tensor,
+                   accepted: torch.Tensor, tables: torch.Tensor, trow: torch.Tensor, qsl: torch.Tensor,
+                   lens_host: list[int], ends_host: list[int], K: int, pick: Callable[[torch.Tensor, int], tuple],
+                   arange: torch.Tensor) -> list[torch.Tensor]:
+    """The whole draft of B verify rows from their verification, K draft tokens [B] each: first the extend over
+    each row's q = K + 1 positions [L, L + K] at a fixed shape (tokens = the verify's emitted ones: accepted
+    drafts, the bonus, -1 padding -> 0; features = the verify rows' captured residuals [B q, n, Ht]), its pick
+    at each row's last accepted position L + a (`pick(logits, 0)`), then chain_steps from L' = L + a + 1. The
+    padding positions >= L' write KV that the chain overwrites or that lies past the length; causal attention
+    keeps it from the real positions. trow [B q] the row of each token, qsl [B + 1] int32 = row * q, arange
+    int32 [>= B + 1] (the chain's); lens_host / ends_host: the backend's host mirrors of the extend and chain."""
     B = accepted.shape[0]
     q = pos.shape[0] // B
     start = pos.view(B, q)[:, 0]
@@ -114,4 +116,7 @@ def extend_verified(draft: Any, store: Any, features: torch.Tensor, emitted: tor
                         [q] * B, lens_host)
     out = draft(emitted.reshape(-1).clamp_min(0), pos, draft.combine_features(features), meta, store)
     last = qsl[:B].long() + accepted
-    return out.hidden[last], out.feature[last], start + accepted + 1
+    tok, _ = pick(draft.compute_logits(out.hidden[last]), 0)
+    rest, _ = chain_steps(draft, store, tok, out.feature[last], tables, start + accepted + 1, ends_host, K, pick,
+                          arange)
+    return [tok] + rest

@@ -7,17 +7,19 @@
 
 Verify graph (size Bp): Bp rows of 1 + K tokens (a pure-decode step: every row verifies K drafts),
 the target forward with the feature capture, the logits of all Bp (1 + K) rows and their greedy
-verification (`greedy_result`); rejection sampling and synthetic acceptance run eagerly on the
-graph's logits. Steps carrying prefill chunks, plain or scoring rows run eagerly.
+verification (`greedy_result`); synthetic acceptance runs eagerly on the graph's logits. Steps carrying
+prefill chunks, plain or scoring rows run eagerly.
 Sampled verification graph (size Bp, with or without top-k / top-p): rejection sampling on the verify
 graph's logits (target_distribution_rows + verify_sampled), its inputs (temperature, top-k, top-p,
 greedy rows, the uniforms drawn in the eager order, the drafts' distributions q) in static buffers.
 Chain graph (size Bp, greedy or sampled): the draft's K - 1 chained single-token steps from the
 first draft token and feature (after an eager extend over the accepted positions: its shape varies).
-Early graph (size Bp, greedy; overlap, speculative/early.py): the whole draft of a pure-verify step from
-its verification on the device: the extend over each verify row's K + 1 positions (fixed shape), the
-first pick at the last accepted one, the K - 1 chained steps; launched before the host lands the step. Sampled chains take their exponential noise from static buffers filled before the replay
-from each request's generator, in the eager path's order: the same draws, the same tokens.
+Sampled chains take their exponential noise from static buffers filled before the replay from each
+request's generator, in the eager path's order: the same draws, the same tokens.
+Early graph (size Bp, greedy; overlap, SpecRunner.draft_early): the whole draft of a pure-verify step from
+its verification on the device (draft_step.draft_verified: the extend over each verify row's K + 1
+positions at a fixed shape, the first pick at the last accepted one, the K - 1 chained steps); launched
+before the host lands the step.
 
 Static buffers hold every input; block tables are copied on the device into a static table (the
 target's rows for the verify graph, the layout's draft table for the chain: a view of the target's
@@ -36,7 +38,7 @@ import torch
 
 from m3bench.runtime.attention.metadata import AttnMetadata
 from m3bench.runtime.engine import graph_batch_sizes
-from m3bench.runtime.speculative.draft_step import chain_steps, extend_verified
+from m3bench.runtime.speculative.draft_step import chain_steps, draft_verified
 from m3bench.runtime.speculative.propose import draw_from_noise
 from m3bench.runtime.speculative.verify import (
     VerifyResult,
@@ -46,6 +48,7 @@ from m3bench.runtime.speculative.verify import (
     verify_greedy,
     verify_sampled,
 )
+from m3bench.runtime.transfer import upload_list
 
 
 class _Graph:
@@ -195,18 +198,15 @@ class SpecGraphs:
 
     def _early_fn(self, B: int) -> None:
         r, d, T = self.r, self.r.draft, B * (self.K + 1)
-        hidden, feature, ends = extend_verified(d, r.layout.store, r.capture.buffer[:T], self.e_emit[:B],
-                                                self.e_pos[:T], self.e_acc[:B], self.dtab[:B], self.trow[:T],
-                                                self.qsl[:B + 1], self._host["extend"])
 
         def pick(logits: torch.Tensor, i: int) -> tuple[torch.Tensor, None]:
             tok = d.to_target_ids(logits.argmax(-1))
             self.early_toks[:B, i] = tok
             return tok, None
 
-        tok, _ = pick(d.compute_logits(hidden), 0)
-        chain_steps(d, r.layout.store, tok, feature, self.dtab[:B], ends, self._host["early"], self.K, pick,
-                    self.arange)
+        draft_verified(d, r.layout.store, r.capture.buffer[:T], self.e_emit[:B], self.e_pos[:T], self.e_acc[:B],
+                       self.dtab[:B], self.trow[:T], self.qsl[:B + 1], self._host["extend"], self._host["early"],
+                       self.K, pick, self.arange)
 
     # ---- verify replay -------------------------------------------------------------------------
     def fits_verify(self, step: Any) -> bool:
@@ -250,8 +250,8 @@ class SpecGraphs:
         B = len(step.rows)
         Bp = next(s for s in self.sizes if s >= B)
         for buf, values in zip((self.s_temp, self.s_top_k, self.s_top_p), sampling_rows(params, self.s_q.shape[2])):
-            buf[:B].copy_(torch.tensor(values, dtype=buf.dtype), non_blocking=True)
-        self.s_greedy[:B].copy_(torch.tensor([p.greedy for p in params]), non_blocking=True)
+            buf[:B].copy_(upload_list(values, buf.dtype, buf.device))
+        self.s_greedy[:B].copy_(upload_list([p.greedy for p in params], torch.bool, self.s_greedy.device))
         torch.stack(draft_probs, out=self.s_q[:B])
         self.s_u[:B].copy_(uniforms)
         self._sampled[(Bp, filtered(params))].replay()

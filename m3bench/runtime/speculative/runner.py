@@ -47,7 +47,7 @@ from m3bench.runtime.scheduler import ScheduledBatch
 from m3bench.runtime.sequence import Sequence
 from m3bench.runtime.speculative.config import SpecConfig
 from m3bench.runtime.speculative.draft import Eagle3Draft
-from m3bench.runtime.speculative.draft_step import DraftInputs, chain_steps, extend_verified, run_draft
+from m3bench.runtime.speculative.draft_step import DraftInputs, draft_verified, run_draft
 from m3bench.runtime.speculative.propose import sample_draft
 from m3bench.runtime.speculative.stats import AcceptanceRecord
 from m3bench.runtime.speculative.synthetic import SyntheticAcceptance, force_acceptance
@@ -269,7 +269,7 @@ class SpecRunner:
     def _draft_verified(self, step: StepInputs, res: VerifyResult, seqs: list[Sequence],
                         host: VerifiedOnHost) -> torch.Tensor:
         """Draft tokens [B, K] from the verification: the extend over each verify row's K + 1 positions, the
-        chain from the last accepted one (draft_step.extend_verified, chain_steps; its graph where it fits)."""
+        chain from the last accepted one (draft_step.draft_verified; its graph where it fits)."""
         q, starts = self.K + 1, [r.start for r in step.verify]
         for seq, start in zip(seqs, starts):  # the farthest a chain can reach: L + K + (K - 1)
             self.layout.reserve(seq, start + 2 * self.K)
@@ -281,16 +281,12 @@ class SpecRunner:
         B, T = len(seqs), len(seqs) * q
         if self.graphs is not None and self.graphs.fits_early(B):
             return self.graphs.run_early(res, step.positions[:T], tables, lens_host, ends_host)
-        d, store = self.draft, self.layout.store
-        rows = torch.arange(B + 1, dtype=torch.int32, device=self.device)
-        trow = rows[:B].long().repeat_interleave(q)
-        hidden, feature, ends = extend_verified(d, store, self.capture.buffer[:T], res.output_tokens,
-                                                step.positions[:T], res.num_accepted, tables, trow, rows * q,
-                                                lens_host)
-        greedy = lambda logits, i=0: (d.to_target_ids(logits.argmax(-1)), None)  # noqa: E731
-        tok, _ = greedy(d.compute_logits(hidden))
-        rest, _ = chain_steps(d, store, tok, feature, tables, ends, ends_host, self.K, greedy, rows)
-        return torch.stack([tok] + rest, dim=1)
+        d, rows = self.draft, torch.arange(B + 1, dtype=torch.int32, device=self.device)
+        greedy = lambda logits, i: (d.to_target_ids(logits.argmax(-1)), None)  # noqa: E731
+        toks = draft_verified(d, self.layout.store, self.capture.buffer[:T], res.output_tokens, step.positions[:T],
+                              res.num_accepted, tables, rows[:B].long().repeat_interleave(q), self._qsl[:B + 1],
+                              lens_host, ends_host, self.K, greedy, rows)
+        return torch.stack(toks, dim=1)
 
     def _draft_inputs(self, extends: list[Extend]) -> tuple[DraftInputs, list[Extend]]:
         """The draft phase's inputs on the device (one host -> device copy), and the proposing requests."""

@@ -18,7 +18,7 @@ from typing import Sequence
 
 import torch
 
-from m3bench.runtime.sampler import top_k_top_p_rows
+from m3bench.runtime.sampler import effective_top_k, top_k_top_p_rows
 from m3bench.runtime.sequence import SamplingParams
 from m3bench.runtime.transfer import upload_list
 
@@ -70,7 +70,7 @@ def target_distribution(logits: torch.Tensor, params: Sequence[SamplingParams]) 
 def sampling_rows(params: Sequence[SamplingParams], vocab: int) -> tuple[list[float], list[int], list[float]]:
     """Per row: temperature (T = 0 rows: 1), top-k (1..vocab; 0 = off -> vocab), top-p."""
     return ([p.temperature if p.temperature > 0 else 1.0 for p in params],
-            [p.top_k if 0 < p.top_k < vocab else vocab for p in params], [p.top_p for p in params])
+            [effective_top_k(p.top_k, vocab) for p in params], [p.top_p for p in params])
 
 
 def filtered(params: Sequence[SamplingParams]) -> bool:
