@@ -16,7 +16,7 @@ Chain graph (size Bp, greedy or sampled): the draft's K - 1 chained single-token
 first draft token and feature (after an eager extend over the accepted positions: its shape varies).
 Sampled chains take their exponential noise from static buffers filled before the replay from each
 request's generator, in the eager path's order: the same draws, the same tokens.
-Early graph (size Bp, greedy; overlap, SpecRunner.draft_early): the whole draft of a pure-verify step from
+Early graph (size Bp, greedy or sampled; overlap, SpecRunner.draft_early): the whole draft of a pure-verify step from
 its verification on the device (draft_step.draft_verified: the extend over each verify row's K + 1
 positions at a fixed shape, the first pick at the last accepted one, the K - 1 chained steps); launched
 before the host lands the step.
@@ -82,9 +82,9 @@ class SpecGraphs:
         self.replays = {"verify": 0, "sampled": 0, "chain": 0, "early": 0}  # replay counters (tests, benchmarks)
         self._verify: dict[int, _Graph] = {}
         self._chain: dict[tuple[int, bool], _Graph] = {}
-        self._early: dict[int, _Graph] = {}
+        self._early: dict[tuple[int, bool], _Graph] = {}
         self._sampled: dict[tuple[int, bool], _Graph] = {}
-        self.last_early: int | None = None  # the size of the last early replay (benchmarks replay it alone)
+        self.last_early: tuple[int, bool] | None = None  # the last early replay's (size, sampled) (benchmarks)
         self._host: dict[str, list[int]] = {}
         self._alloc_target(scratch_page)
         self._alloc_draft(draft_scratch_page)
@@ -140,6 +140,8 @@ class SpecGraphs:
         self.e_pos = self.pad_pos.clone()
         self.trow = torch.arange(n, dtype=torch.int64, device=dev).repeat_interleave(q)
         self.early_toks = torch.zeros(n, self.K, dtype=torch.int64, device=dev)
+        self.e_noise0 = torch.ones(n, vd, dtype=torch.float32, device=dev)  # a sampled first pick's Exp(1) noise
+        self.e_q = torch.zeros(n, self.K, v, dtype=torch.float32, device=dev)  # sampled drafts' distributions
 
     # ---- capture -------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -150,7 +152,8 @@ class SpecGraphs:
         for B in reversed(self.sizes):
             self._host = self._pad_host(0, B)
             self._verify[B] = _Graph(lambda B=B: self._verify_fn(B), dev, pool)
-            self._early[B] = _Graph(lambda B=B: self._early_fn(B), dev, pool)
+            for sampled in (False, True):
+                self._early[(B, sampled)] = _Graph(lambda B=B, s=sampled: self._early_fn(B, s), dev, pool)
             for filt in (False, True):
                 self._sampled[(B, filt)] = _Graph(lambda B=B, f=filt: self._sampled_fn(B, f), dev, pool)
             if self.K > 1:
@@ -196,11 +199,17 @@ class SpecGraphs:
         chain_steps(d, self.r.layout.store, self.tok0[:B], self.feat[:B], self.dtab[:B], self.ends[:B],
                     self._host["chain"], self.K, pick, self.arange)
 
-    def _early_fn(self, B: int) -> None:
+    def _early_fn(self, B: int, sampled: bool) -> None:
         r, d, T = self.r, self.r.draft, B * (self.K + 1)
 
         def pick(logits: torch.Tensor, i: int) -> tuple[torch.Tensor, None]:
-            tok = d.to_target_ids(logits.argmax(-1))
+            if sampled:  # step i's noise: the first pick's own buffer, then the chain's
+                noise = self.e_noise0[:B] if i == 0 else self.noise[i - 1, :B]
+                s = draw_from_noise(logits, self.temp[:B], self.greedy[:B], noise)
+                tok = d.to_target_ids(s.token_ids)
+                self.e_q[:B, i] = d.probs_to_target(s.probs)
+            else:
+                tok = d.to_target_ids(logits.argmax(-1))
             self.early_toks[:B, i] = tok
             return tok, None
 
@@ -307,10 +316,12 @@ class SpecGraphs:
         return 0 < b <= self.sizes[-1]
 
     def run_early(self, res: VerifyResult, positions: torch.Tensor, tables: torch.Tensor, lens_host: list[int],
-                  ends_host: list[int]) -> torch.Tensor:
-        """Greedy draft tokens [b, K] (target ids) of b pure-verify rows from their verification `res`, the
-        rows' positions [b (K + 1)] and draft tables; lens_host / ends_host: the extend's and the chain's host
-        mirrors (exact for a backend that reads them; the captured graphs keep capture time's)."""
+                  ends_host: list[int], sampling: "ChainSampling | None" = None
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Draft tokens [b, K] (target ids) of b pure-verify rows from their verification `res`, the rows'
+        positions [b (K + 1)] and draft tables, and their distributions [b, K, V] when `sampling` (else None);
+        lens_host / ends_host: the extend's and the chain's host mirrors (exact for a backend that reads them;
+        the captured graphs keep capture time's)."""
         b, q = res.num_accepted.shape[0], self.K + 1
         Bp = next(s for s in self.sizes if s >= b)
         self.e_emit[:b].copy_(res.output_tokens)
@@ -319,12 +330,16 @@ class SpecGraphs:
         self.dtab[:b, :tables.shape[1]].copy_(tables)
         if Bp > b:
             self._pad_early(b, Bp)
+        if sampling is not None:
+            sampling.fill_first(self, b)
+            sampling.fill(self, b)
         self._host = {**self._pad_host(0, Bp), "extend": lens_host + [q] * (Bp - b),
                       "early": ends_host + [1] * (Bp - b)}
-        self._early[Bp].replay()
+        self._early[(Bp, sampling is not None)].replay()
         self.replays["early"] += 1
-        self.last_early = Bp
-        return self.early_toks[:b].clone()  # (the next replay overwrites the buffer; states keep theirs)
+        self.last_early = (Bp, sampling is not None)
+        toks = self.early_toks[:b].clone()  # (the next replay overwrites the buffers; states keep theirs)
+        return toks, None if sampling is None else self.e_q[:b].clone()
 
     def replay_last_early(self) -> None:
         """The last early replay again, on the buffers as it left them (benchmarks: the draft alone)."""
@@ -336,6 +351,8 @@ class SpecGraphs:
         self.e_acc[b:Bp].zero_()
         self.e_pos[b * q:Bp * q].copy_(self.pad_pos[b * q:Bp * q])
         self.dtab[b:Bp].fill_(self.draft_scratch_page)
+        self.temp[b:Bp].fill_(1.0)
+        self.greedy[b:Bp].fill_(True)
 
 
 class ChainSampling:
@@ -343,6 +360,11 @@ class ChainSampling:
 
     def __init__(self, temperatures: list[float], generators: list, fallback: torch.Generator) -> None:
         self.temperatures, self.generators, self.fallback = temperatures, generators, fallback
+
+    def fill_first(self, g: SpecGraphs, b: int) -> None:
+        """The early graph's first pick: one noise row per request, in the eager first pick's order."""
+        for row, gen in enumerate(self.generators):
+            g.e_noise0[row].exponential_(generator=gen if gen is not None else self.fallback)
 
     def fill(self, g: SpecGraphs, b: int) -> None:
         t = self.temperatures

@@ -9,7 +9,7 @@ the target step with verify rows, verification, drafting.
     spec.propose(spec.extends(step))           # draft: extend over the newly verified tokens, chain K - 1 more
 
 With `drafts_on_device` (overlap) the chain's drafts are not read back: the next `prepare` takes them on
-the device, so the host schedules and builds the next step while the draft runs. A pure greedy verify step
+the device, so the host schedules and builds the next step while the draft runs. A pure verify step
 drafts even earlier (`draft_early`, before the host lands it): the draft's inputs are the verification on
 the device, and the host lands the step while the draft runs.
 
@@ -248,10 +248,10 @@ class SpecRunner:
         host = VerifiedOnHost(res)
         seqs = [r.seq for r in step.verify]
         with self.clock.forward():
-            toks = self._draft_verified(step, res, seqs, host)
+            toks, q = self._draft_verified(step, res, seqs, host)
         for seq in seqs:
             self.states[seq.request_id] = DraftState([])
-        self._store_drafts(seqs, toks, None)
+        self._store_drafts(seqs, toks, q)
         q = self.K + 1  # each row's next verify: the bonus token at L' = L + a + 1, then these drafts
         start = step.positions[:len(seqs) * q].view(-1, q)[:, 0] + res.num_accepted + 1
         self.dstate.record_verified(seqs, start, res.output_tokens.gather(1, res.num_accepted[:, None])[:, 0], toks)
@@ -259,16 +259,15 @@ class SpecRunner:
         return host
 
     def _early_fits(self, step: StepInputs) -> bool:
-        """Overlap at TP 1, every row verifies K drafts (no prefill, plain or scoring rows), greedy drafting."""
+        """Overlap at TP 1, every row verifies K drafts (no prefill, plain or scoring rows)."""
         n = len(step.rows)
         return (self.early and self.drafts_on_device and not self.link.tensor_parallel and n > 0
                 and len(step.verify) == n and not step.plain and step.score_targets.numel() == 0
-                and all(r.length == self.K + 1 and r.base == i * r.length for i, r in enumerate(step.rows))
-                and all(r.seq.params.greedy for r in step.verify))
+                and all(r.length == self.K + 1 and r.base == i * r.length for i, r in enumerate(step.rows)))
 
     def _draft_verified(self, step: StepInputs, res: VerifyResult, seqs: list[Sequence],
-                        host: VerifiedOnHost) -> torch.Tensor:
-        """Draft tokens [B, K] from the verification: the extend over each verify row's K + 1 positions, the
+                        host: VerifiedOnHost) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Draft tokens [B, K] (and, for a sampled batch, their distributions [B, K, V]) from the verification: the extend over each verify row's K + 1 positions, the
         chain from the last accepted one (draft_step.draft_verified; its graph where it fits)."""
         q, starts = self.K + 1, [r.start for r in step.verify]
         for seq, start in zip(seqs, starts):  # the farthest a chain can reach: L + K + (K - 1)
@@ -280,13 +279,20 @@ class SpecRunner:
         ends_host = [s + a + 1 for s, a in zip(starts, accepted)]
         B, T = len(seqs), len(seqs) * q
         if self.graphs is not None and self.graphs.fits_early(B):
-            return self.graphs.run_early(res, step.positions[:T], tables, lens_host, ends_host)
+            return self.graphs.run_early(res, step.positions[:T], tables, lens_host, ends_host,
+                                         self._chain_sampling(seqs))
         d, rows = self.draft, torch.arange(B + 1, dtype=torch.int32, device=self.device)
-        greedy = lambda logits, i: (d.to_target_ids(logits.argmax(-1)), None)  # noqa: E731
+        qs: list = []
+
+        def pick(logits: torch.Tensor, i: int) -> tuple:
+            tok, q_i = self._pick(logits, seqs)
+            qs.append(q_i)
+            return tok, q_i
+
         toks = draft_verified(d, self.layout.store, self.capture.buffer[:T], res.output_tokens, step.positions[:T],
                               res.num_accepted, tables, rows[:B].long().repeat_interleave(q), self._qsl[:B + 1],
-                              lens_host, ends_host, self.K, greedy, rows)
-        return torch.stack(toks, dim=1)
+                              lens_host, ends_host, self.K, pick, rows)
+        return torch.stack(toks, dim=1), None if qs[0] is None else torch.stack(qs, dim=1)
 
     def _draft_inputs(self, extends: list[Extend]) -> tuple[DraftInputs, list[Extend]]:
         """The draft phase's inputs on the device (one host -> device copy), and the proposing requests."""

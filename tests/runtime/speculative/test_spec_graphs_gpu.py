@@ -114,10 +114,9 @@ def test_graph_replay_equals_eager(model, layout, k, batch, sampled):
     assert accepted > 0 or sampled  # (sampled rows leave the greedy oracle's path)
     replays = g_llm.engine.spec.graphs.replays
     assert replays["verify"] > 0
-    if sampled:  # rejection sampling in its graph; sampled drafts: the extend after landing, then the chain graph
-        assert (replays["chain"] > 0) == (k > 1) and replays["early"] == 0 and replays["sampled"] > 0
-    else:  # overlap (CUDA's default): greedy pure-verify steps draft in the early graph, before landing
-        assert replays["early"] > 0 and replays["early"] == g_llm.engine.spec.early_steps
+    # overlap (CUDA's default): pure-verify steps draft in the early graph, before landing (greedy or sampled)
+    assert replays["early"] > 0 and replays["early"] == g_llm.engine.spec.early_steps
+    assert (replays["sampled"] > 0) == sampled  # rejection sampling in its graph
 
 
 def test_graph_replay_with_synthetic_acceptance(model):
