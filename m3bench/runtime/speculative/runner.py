@@ -104,7 +104,7 @@ class SpecRunner:
         self.records: dict[int, AcceptanceRecord] = {}
         self.graphs = None  # SpecGraphs (speculative/graphs.py): captured verify and chain steps, or eager
         self.drafts_on_device = False  # overlap: the drafts stay on the device, no sync after the chain
-        self.early = True  # with drafts_on_device: pure greedy verify steps draft before landing (draft_early)
+        self.early = True  # with drafts_on_device: pure verify steps draft before landing (draft_early)
         self.early_steps = 0  # steps drafted that way (tests, benchmarks)
         self.dstate = DecodeState(bm, model.device, self.K)  # early-drafted rows: the next verify on the device
         self.device_steps = 0  # verify steps built that way (tests, benchmarks)
@@ -240,7 +240,7 @@ class SpecRunner:
     # ---- drafting before landing (overlap) ------------------------------------------------------
     @torch.inference_mode()
     def draft_early(self, step: StepInputs, res: VerifyResult | None) -> VerifiedOnHost | None:
-        """Launch the draft of a pure greedy verify step straight after its verification, from `res` on the
+        """Launch the draft of a pure verify step straight after its verification, from `res` on the
         device; the verification's host copy (queued first: reading it does not wait for the draft), or None
         when the step drafts after landing (`propose`)."""
         if res is None or not self._early_fits(step):
@@ -267,8 +267,9 @@ class SpecRunner:
 
     def _draft_verified(self, step: StepInputs, res: VerifyResult, seqs: list[Sequence],
                         host: VerifiedOnHost) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Draft tokens [B, K] (and, for a sampled batch, their distributions [B, K, V]) from the verification: the extend over each verify row's K + 1 positions, the
-        chain from the last accepted one (draft_step.draft_verified; its graph where it fits)."""
+        """Draft tokens [B, K] (and, for a sampled batch, their distributions [B, K, V]) from the verification:
+        the extend over each verify row's K + 1 positions, the chain from the last accepted one
+        (draft_step.draft_verified; its graph where it fits)."""
         q, starts = self.K + 1, [r.start for r in step.verify]
         for seq, start in zip(seqs, starts):  # the farthest a chain can reach: L + K + (K - 1)
             self.layout.reserve(seq, start + 2 * self.K)
