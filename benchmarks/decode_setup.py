@@ -172,7 +172,8 @@ def decode_meta(s: M3Shapes, B: int, ctx: int, dev: torch.device):
 
 
 class OpsSet(Enum):
-    """Which fused ops the Triton fast path runs (the before / after sets of the benchmark)."""
+    """Which fused ops the Triton fast path runs (the before / after sets of the benchmark); each set holds the
+    ones before it."""
 
     UNFUSED = "unfused"  # Triton attention + fused routed MoE only, the rest in torch
     FUSED_V1 = "fused-v1"  # + norm/RoPE/KV write, residual add + norm, router epilogue (main before issue 12b)
@@ -181,32 +182,50 @@ class OpsSet(Enum):
     #                  fp32 input, both norm/RoPE branches of an MSA layer in one launch, the dense MLP's
     #                  activation in one launch; fp16 FP8/NVFP4 KV
     #                  tiles are always on (no switch)
+    SKINNY = "skinny"  # + the skinny decode GEMMs (kernels/skinny.py) for every plain linear at <= 16 rows and the
+    #                    fp32 router at <= 4, gate|up GEMMs ending in their activation, the shared expert's down
+    #                    GEMM adding the routed experts' sum (the runtime's default)
+
+    def holds(self, other: "OpsSet") -> bool:
+        order = list(OpsSet)
+        return order.index(self) >= order.index(other)
 
 
 def set_ops(model, ops: OpsSet) -> None:
     """Switch the model's fast path to the fused ops of `ops` (TritonBackend.fuse_ops, SparseMoe's
-    fuse_router / fuse_shared / fuse_align / fuse_router_input, Attention.fuse_branches, GatedMLP.fuse_act)."""
+    fuse_router / fuse_shared / fuse_align / fuse_router_input, Attention.fuse_branches, GatedMLP.fuse_act,
+    the layers' skinny_rows)."""
+    from m3bench.runtime.kernels.skinny import SKINNY_MAX_ROWS
+    from m3bench.runtime.layers.linear import set_skinny_rows
     from m3bench.runtime.layers.moe import SparseMoe
 
+    fused, fused_v1 = ops.holds(OpsSet.FUSED), ops.holds(OpsSet.FUSED_V1)
     if hasattr(model.backend, "fuse_ops"):
-        model.backend.fuse_ops = ops is not OpsSet.UNFUSED
+        model.backend.fuse_ops = fused_v1
+    set_skinny_rows(model, SKINNY_MAX_ROWS if ops.holds(OpsSet.SKINNY) else 0)
     for layer in model.layers:
-        layer.attn.fuse_branches = ops is OpsSet.FUSED
+        layer.attn.fuse_branches = fused
         if hasattr(layer.mlp, "fuse_act"):  # the dense MLP
-            layer.mlp.fuse_act = ops is OpsSet.FUSED
+            layer.mlp.fuse_act = fused
         if isinstance(layer.mlp, SparseMoe):
-            layer.mlp.fuse_router = ops is not OpsSet.UNFUSED
-            layer.mlp.fuse_shared = layer.mlp.fuse_align = layer.mlp.fuse_router_input = ops is OpsSet.FUSED
+            layer.mlp.fuse_router = fused_v1
+            layer.mlp.fuse_shared = layer.mlp.fuse_align = layer.mlp.fuse_router_input = fused
+            if layer.mlp.shared is not None:
+                layer.mlp.shared.fuse_act = ops.holds(OpsSet.SKINNY)
 
 
 def set_fast_path(model, on: bool) -> None:
-    """Triton attention + fused MoE (on) or the torch backend + torch MoE (off, the reference)."""
+    """Triton attention + fused MoE + skinny decode GEMMs (on) or the torch backend + torch MoE + cuBLAS (off,
+    the reference)."""
     from m3bench.runtime.attention.torch_backend import TorchBackend
     from m3bench.runtime.attention.triton_backend import TritonBackend
     from m3bench.runtime.kernels.backend import KernelBackend
+    from m3bench.runtime.kernels.skinny import SKINNY_MAX_ROWS
+    from m3bench.runtime.layers.linear import set_skinny_rows
     from m3bench.runtime.layers.moe import SparseMoe
 
     model.backend = TritonBackend() if on else TorchBackend()
+    set_skinny_rows(model, SKINNY_MAX_ROWS if on else 0)
     for layer in model.layers:
         if isinstance(layer.mlp, SparseMoe):
             layer.mlp.kernel_backend = KernelBackend.TRITON if on else KernelBackend.TORCH

@@ -107,30 +107,50 @@ def dot_acc(a, b, acc, F32: tl.constexpr):
 
 
 @triton.jit
-def finish_tile(acc, m, n, m_ok, n_ok, y_ptr, s_ym, b_ptr, part_ptr, cnt_ptr, tile, M, N: tl.constexpr,
+def finish_tile(acc, m, n, m_ok, n_ok, y_ptr, s_ym, b_ptr, s_bm, part_ptr, cnt_ptr, tile, M, N,
                 SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """Write acc [BLOCK_M, BLOCK_N] (fp32) to y (+ bias). SPLIT > 1: store the partial of this program's
-    split (program_id(1)); the last of the tile's splits to arrive sums them all in split order, writes y
-    and resets the tile's counter to 0 for the next launch."""
+    """Write acc [BLOCK_M, BLOCK_N] (fp32) to y (+ b[m * s_bm + n]: a bias with s_bm 0, an addend [M, N] with its
+    row stride). SPLIT > 1: store the partial of this program's split (program_id(1)); the last of the tile's
+    splits to arrive sums them all in split order, writes y and resets the tile's counter to 0 for the next
+    launch."""
     mask = m_ok[:, None] & n_ok[None, :]
     if SPLIT > 1:
         cell = m[:, None].to(tl.int64) * N + n[None, :]
-        tl.store(part_ptr + tl.program_id(1).to(tl.int64) * M * N + cell, acc, mask=mask, cache_modifier=".cg")
-        tl.debug_barrier()  # every thread's partial stored before the release below
-        if tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel") == SPLIT - 1:
-            acc = tl.zeros_like(acc)
-            for s in tl.static_range(SPLIT):  # all partials in flight at once
-                acc += tl.load(part_ptr + s * M * N + cell, mask=mask, other=0.0, cache_modifier=".cg")
-            _store(acc, m, n, mask, y_ptr, s_ym, b_ptr, n_ok, HAS_BIAS)
+        store_partial(acc, cell, mask, part_ptr, M * N)
+        if last_split(cnt_ptr, tile, SPLIT):
+            acc = sum_partials(acc, cell, mask, part_ptr, M * N, SPLIT)
+            _store(acc, m, n, mask, y_ptr, s_ym, b_ptr, s_bm, HAS_BIAS)
             tl.atomic_xchg(cnt_ptr + tile, 0)
     else:
-        _store(acc, m, n, mask, y_ptr, s_ym, b_ptr, n_ok, HAS_BIAS)
+        _store(acc, m, n, mask, y_ptr, s_ym, b_ptr, s_bm, HAS_BIAS)
 
 
 @triton.jit
-def _store(acc, m, n, mask, y_ptr, s_ym, b_ptr, n_ok, HAS_BIAS: tl.constexpr):
+def store_partial(acc, cell, mask, part_ptr, plane):
+    """This split's fp32 partial at part[program_id(1) * plane + cell] (past L1: the last split reads it)."""
+    tl.store(part_ptr + tl.program_id(1).to(tl.int64) * plane + cell, acc, mask=mask, cache_modifier=".cg")
+
+
+@triton.jit
+def last_split(cnt_ptr, tile, SPLIT: tl.constexpr):
+    """True in the last of the tile's SPLIT programs to arrive (after every thread's partial is stored)."""
+    tl.debug_barrier()  # every thread's partial stored before the release below
+    return tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel") == SPLIT - 1
+
+
+@triton.jit
+def sum_partials(like, cell, mask, part_ptr, plane, SPLIT: tl.constexpr):
+    """The sum of the SPLIT partials of `cell`, in split order (deterministic)."""
+    acc = tl.zeros_like(like)
+    for s in tl.static_range(SPLIT):  # all partials in flight at once
+        acc += tl.load(part_ptr + s * plane + cell, mask=mask, other=0.0, cache_modifier=".cg")
+    return acc
+
+
+@triton.jit
+def _store(acc, m, n, mask, y_ptr, s_ym, b_ptr, s_bm, HAS_BIAS: tl.constexpr):
     if HAS_BIAS:
-        acc += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        acc += tl.load(b_ptr + m[:, None].to(tl.int64) * s_bm + n[None, :], mask=mask, other=0.0).to(tl.float32)
     tl.store(y_ptr + m[:, None].to(tl.int64) * s_ym + n[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -169,7 +189,7 @@ def mx_gemv_kernel(
                 acc += part[None, :, :]
             else:
                 acc = tl.where(rows[:, None, None] == r, acc + part[None, :, :], acc)
-    finish_tile(tl.sum(acc, axis=2), rows, n, rows < M, n_ok, y_ptr, s_ym, b_ptr, part_ptr, cnt_ptr,
+    finish_tile(tl.sum(acc, axis=2), rows, n, rows < M, n_ok, y_ptr, s_ym, b_ptr, 0, part_ptr, cnt_ptr,
                 tl.program_id(0), M, N, SPLIT, HAS_BIAS)
 
 
@@ -199,5 +219,5 @@ def mx_dot_kernel(
         kk = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_rows[:, None] + kk[None, :], mask=m_ok[:, None] & (kk < K)[None, :], other=0.0)
         acc = dot_acc(w, tl.trans(x), acc, F32)
-    finish_tile(tl.trans(acc), m, n, m_ok, n_ok, y_ptr, s_ym, b_ptr, part_ptr, cnt_ptr, tl.program_id(0), M, N,
+    finish_tile(tl.trans(acc), m, n, m_ok, n_ok, y_ptr, s_ym, b_ptr, 0, part_ptr, cnt_ptr, tl.program_id(0), M, N,
                 SPLIT, HAS_BIAS)

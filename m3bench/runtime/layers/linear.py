@@ -4,7 +4,9 @@ ColumnParallelLinear splits output rows (heads, intermediate) over the TP world 
 several canonical tensors ("segments", e.g. q, k, v) into one GEMM; RowParallelLinear splits the
 input dimension and sums the partial products with one all-reduce. Built under
 `linear_format(LinearFormat.MXFP8)` (layers/weight_format.py) both keep `weight` float8_e4m3fn and
-`weight_scale` uint8 E8M0 [out, in / 32] and run kernels.mxfp8.mxfp8_linear (Triton on CUDA).
+`weight_scale` uint8 E8M0 [out, in / 32] and run kernels.mxfp8.mxfp8_linear (Triton on CUDA). Plain
+weights at up to `skinny_rows` rows on CUDA (decode) run kernels.skinny.skinny_linear (one launch, K split
+in the kernel) instead of cuBLAS; `set_skinny_rows(model, 0)` turns that off (the torch reference path).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from m3bench.runtime.kernels.mxfp8 import mxfp8_linear
+from m3bench.runtime.kernels.skinny import SKINNY_MAX_ROWS, skinny_linear, skinny_supported
 from m3bench.runtime.layers.weight_format import current_linear_format, mx_params
 from m3bench.runtime.parallel import SINGLE, TPGroup
 
@@ -67,11 +70,32 @@ def _weight(shape: tuple[int, int], dtype: torch.dtype, device) -> tuple[nn.Para
     return _param(shape, dtype, device), None
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bias=None) -> torch.Tensor:
-    """x W^T (+ b), W plain or MXFP8 (with its scale)."""
-    if scale is None:
-        return F.linear(x, weight, bias)
-    return mxfp8_linear(x, weight, scale, bias)
+SKINNY_ROWS = SKINNY_MAX_ROWS  # a layer's default `skinny_rows`: on (CUDA only)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bias=None,
+           skinny_rows: int = 0, add: torch.Tensor | None = None) -> torch.Tensor:
+    """x W^T (+ b) (+ add, in x's dtype), W plain or MXFP8 (with its scale); plain W at up to skinny_rows rows
+    on CUDA through the skinny decode kernel (the add in its epilogue)."""
+    if scale is not None:
+        y = mxfp8_linear(x, weight, scale, bias)
+    elif skinny_runs(x, weight, skinny_rows) and (bias is None or add is None):
+        return skinny_linear(x, weight, bias, add=add)
+    else:
+        y = F.linear(x, weight, bias)
+    return y if add is None else y + add
+
+
+def skinny_runs(x: torch.Tensor, weight: torch.Tensor, skinny_rows: int) -> bool:
+    """x W^T runs the skinny decode kernel: CUDA, few rows, a plain weight it takes."""
+    return bool(skinny_rows) and x.is_cuda and skinny_supported(x, weight, skinny_rows)
+
+
+def set_skinny_rows(model: nn.Module, rows: int) -> None:
+    """Every layer of `model` that can run the skinny decode kernel does so up to `rows` rows (0: never)."""
+    for module in model.modules():
+        if hasattr(module, "skinny_rows"):
+            module.skinny_rows = rows
 
 
 class ColumnParallelLinear(nn.Module):
@@ -85,9 +109,10 @@ class ColumnParallelLinear(nn.Module):
         out = sum(self.local_sizes)
         self.weight, self.weight_scale = _weight((out, in_features), dtype, device)
         self.bias = _param((out,), dtype, device) if bias else None
+        self.skinny_rows = SKINNY_ROWS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.weight_scale, self.bias)
+        return linear(x, self.weight, self.weight_scale, self.bias, self.skinny_rows)
 
     def split(self, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return y.split(self.local_sizes, dim=-1)
@@ -115,11 +140,16 @@ class RowParallelLinear(nn.Module):
         self.reduce = reduce
         self.weight, self.weight_scale = _weight((out_features, tp.shard_size(in_features, name)), dtype, device)
         self.bias = _param((out_features,), dtype, device) if bias else None
+        self.skinny_rows = SKINNY_ROWS
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = linear(x, self.weight, self.weight_scale)
+    def forward(self, x: torch.Tensor, add: torch.Tensor | None = None) -> torch.Tensor:
+        """add: a tensor [..., out] added to the result (in the GEMM's epilogue when it can: not reduced here)."""
+        y = linear(x, self.weight, self.weight_scale, skinny_rows=self.skinny_rows,
+                   add=None if self.reduce else add)
         if self.reduce:
             y = self.tp.all_reduce(y)
+            if add is not None:
+                y = y + add
         # the bias is added once, after the sum (by rank 0 only when the caller reduces later)
         if self.bias is not None and (self.reduce or self.tp.rank == 0):
             y = y + self.bias

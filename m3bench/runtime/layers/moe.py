@@ -25,7 +25,6 @@ path expert by expert.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from m3bench.runtime import quant
@@ -43,7 +42,7 @@ from m3bench.runtime.kernels.moe import (
 )
 from m3bench.runtime.kernels.router import router_align_supported, router_topk, router_topk_align, router_topk_supported
 from m3bench.runtime.layers.activation import split_gate_up
-from m3bench.runtime.layers.linear import WeightSlot
+from m3bench.runtime.layers.linear import SKINNY_ROWS, WeightSlot, linear
 from m3bench.runtime.layers.mlp import GatedMLP
 from m3bench.runtime.layers.norm import compute_dtype
 from m3bench.runtime.layers.weight_format import current_linear_format, mx_params, nv_params
@@ -57,12 +56,12 @@ FUSE_SHARED_FROM_TOKENS = SKINNY_TOKENS + 1
 
 
 def route(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, top_k: int,
-          scale: float, backend: KernelBackend = KernelBackend.TORCH, x_router: torch.Tensor | None = None
-          ) -> tuple[torch.Tensor, torch.Tensor]:
+          scale: float, backend: KernelBackend = KernelBackend.TORCH, x_router: torch.Tensor | None = None,
+          skinny_rows: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """x [T, H] -> (weights [T, k] in the router's dtype, expert ids [T, k] int64); the epilogue after
     the GEMM runs as one Triton kernel (kernels.router) when the backend picks Triton. x_router: x
-    already in the router's dtype (SparseMoe.router_input), else x is cast."""
-    logits = F.linear(router_logits_input(x, weight, x_router), weight)
+    already in the router's dtype (SparseMoe.router_input), else x is cast. skinny_rows: layers.linear.linear's."""
+    logits = linear(router_logits_input(x, weight, x_router), weight, None, skinny_rows=skinny_rows)
     if use_triton(backend, logits) and router_topk_supported(logits, top_k):
         return router_topk(logits, bias, top_k, scale)
     s = torch.sigmoid(logits)
@@ -107,6 +106,7 @@ class SparseMoe(nn.Module):
         self.fuse_shared_from_tokens = FUSE_SHARED_FROM_TOKENS  # fewer tokens: the shared expert's own GEMMs
         self.fuse_align = True  # <= 16 tokens: the router epilogue also aligns the picks for the fused MoE (one launch)
         self.fuse_router_input = True  # the post-attention add + norm also writes the router's fp32 input (no cast)
+        self.skinny_rows = SKINNY_ROWS  # the router GEMM at up to this many rows: kernels.skinny (layers.linear)
         inter = m.intermediate_size  # routed experts are whole on their rank (expert parallelism)
         self.first_expert, local = self.ep.expert_range(m.num_experts)
         rdt = compute_dtype(dtype)
@@ -124,7 +124,7 @@ class SparseMoe(nn.Module):
         if self.exchange is None and self.align_fusable(x):
             return self.tp.all_reduce(self.routed_and_aligned(x, x_router)).to(x.dtype)
         w, ids = route(x, self.router_weight, self.router_bias, self.m.top_k, self.m.routed_scaling_factor,
-                       self.kernel_backend if self.fuse_router else KernelBackend.TORCH, x_router)
+                       self.kernel_backend if self.fuse_router else KernelBackend.TORCH, x_router, self.skinny_rows)
         local = ids - self.first_expert if self.first_expert else ids  # local expert ids
         if self.exchange is not None:  # attention DP: every rank's tokens meet the experts' owners
             y = self.exchange.dispatch(self, x, w, ids)
@@ -133,8 +133,14 @@ class SparseMoe(nn.Module):
         else:
             y = self.experts(x, w, local)
         if self.shared is not None:
-            y = y + self.shared(x).to(y.dtype)
+            y = self.shared_added(x, y)
         return self.tp.all_reduce(y).to(x.dtype)
+
+    def shared_added(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """y + the shared expert of x (the add in its down GEMM's epilogue where that can run it)."""
+        if y.dtype == x.dtype:
+            return self.shared(x, self.kernel_backend, add=y)
+        return y + self.shared(x, self.kernel_backend).to(y.dtype)
 
     def align_fusable(self, x: torch.Tensor) -> bool:
         """The router's kernel aligns the picks too: switched on with the fused router, the fused MoE, few tokens."""
@@ -155,12 +161,13 @@ class SparseMoe(nn.Module):
         """route + fused experts (+ the shared expert when fusable) with the alignment made by the router's kernel."""
         shared = self.shared_expert() if self.shared_fusable(x) else None
         tiles = self.expert_tiles(x, shared)
-        logits = F.linear(router_logits_input(x, self.router_weight, x_router), self.router_weight)
+        logits = linear(router_logits_input(x, self.router_weight, x_router), self.router_weight, None,
+                        skinny_rows=self.skinny_rows)
         w, ids, alignment = router_topk_align(logits, self.router_bias, self.m.top_k, self.m.routed_scaling_factor,
                                               self.first_expert, self.w_down.shape[0], tiles.block_m, shared is not None)
         y = self.fused_experts(x, w, ids, shared, alignment, tiles)
         if shared is None and self.shared is not None:
-            y = y + self.shared(x).to(y.dtype)
+            y = self.shared_added(x, y)
         return y
 
     def expert_tiles(self, x: torch.Tensor, shared: SharedExpert | None) -> MoeTiles:

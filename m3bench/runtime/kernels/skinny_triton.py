@@ -1,0 +1,126 @@
+"""Triton decode GEMMs over plain (bf16 / fp16 / fp32) weights for a few rows: y = x W^T (+ b), M <= 16.
+
+    skinny_dot_kernel   y^T = W x^T, one tl.dot per BLOCK_K step with the weight tile on the MMA's M side and
+                        the rows (padded to 16) on its N side ("swap AB"); the pipeliner streams the tiles.
+                        GATED: W is a fused gate|up [2I, K] and y [M, I] = act(x W_gate^T, x W_up^T) (each
+                        rounded to y's dtype first, as the unfused gate|up GEMM + gated_act would)
+    skinny_gemv_kernel  no tensor cores: fp32 products summed within each 32-wide run of inputs (in-thread),
+                        the cross-thread sum once after the K loop (fp32 weights: the router)
+
+A decode GEMM of one TP8 rank is a few MB (qkv + index 1920 x 6144 bf16: 23.6 MB): cuBLAS runs it on too
+few CTAs and sums its split K in a second kernel. These kernels fill one wave of resident programs by
+splitting K, and the splits of an output tile meet in the kernel (mx_tiles_triton.finish_tile: fp32
+partials, a per-tile counter, the last split sums in a fixed order): deterministic, one launch.
+"""
+
+import triton
+import triton.language as tl
+
+from m3bench.runtime.kernels.moe_triton import gated_activation
+from m3bench.runtime.kernels.mx_tiles_triton import dot_acc, finish_tile, last_split, store_partial, sum_partials
+from m3bench.runtime.kernels.round_triton import round_for
+
+RUN = tl.constexpr(32)
+
+
+@triton.jit(do_not_specialize=["M"])
+def skinny_dot_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr, M, s_xm, s_wn, s_ym, s_bm, alpha, limit,
+    N: tl.constexpr, K: tl.constexpr, K_SPLIT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, F32: tl.constexpr, EVEN: tl.constexpr,
+    GATED: tl.constexpr, ACT: tl.constexpr,
+):
+    """y[:M, n-tile]^T = W[n-tile] @ x[:M]^T (+ b[m * s_bm + n]); GATED: N = I, W rows n and I + n. Grid (N tiles,
+    SPLIT)."""
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m = tl.arange(0, BLOCK_M)
+    n_ok, m_ok = n < N, m < M
+    acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    acc_u = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    w_rows = w_ptr + n.to(tl.int64) * s_wn
+    u_rows = w_ptr + (n + N).to(tl.int64) * s_wn
+    x_rows = x_ptr + m.to(tl.int64) * s_xm
+    k_begin = tl.program_id(1) * K_SPLIT
+    for k_off in range(0, K_SPLIT, BLOCK_K):  # constant trip count
+        kk = k_begin + k_off + tl.arange(0, BLOCK_K)
+        x = tl.trans(tl.load(x_rows[:, None] + kk[None, :], mask=m_ok[:, None] & (kk < K)[None, :], other=0.0))
+        acc = dot_acc(_tile(w_rows, kk, n_ok, K, EVEN), x, acc, F32)
+        if GATED:
+            acc_u = dot_acc(_tile(u_rows, kk, n_ok, K, EVEN), x, acc_u, F32)
+    if GATED:
+        _finish_gated(tl.trans(acc), tl.trans(acc_u), m, n, m_ok, n_ok, y_ptr, s_ym, part_ptr, cnt_ptr, M, N,
+                      alpha, limit, SPLIT, ACT)
+    else:
+        finish_tile(tl.trans(acc), m, n, m_ok, n_ok, y_ptr, s_ym, b_ptr, s_bm, part_ptr, cnt_ptr, tl.program_id(0),
+                    M, N, SPLIT, HAS_BIAS)
+
+
+@triton.jit
+def _tile(rows, kk, n_ok, K: tl.constexpr, EVEN: tl.constexpr):
+    if EVEN:
+        return tl.load(rows[:, None] + kk[None, :])
+    else:
+        return tl.load(rows[:, None] + kk[None, :], mask=n_ok[:, None] & (kk < K)[None, :], other=0.0)
+
+
+@triton.jit
+def _finish_gated(g, u, m, n, m_ok, n_ok, y_ptr, s_ym, part_ptr, cnt_ptr, M, N, alpha, limit,
+                  SPLIT: tl.constexpr, ACT: tl.constexpr):
+    """y[m, n] = act(g, u) (each rounded to y's dtype first); SPLIT > 1: the splits meet as in finish_tile, the
+    gate and up partials side by side (part [SPLIT, 2, M, N])."""
+    mask = m_ok[:, None] & n_ok[None, :]
+    cell = m[:, None].to(tl.int64) * N + n[None, :]
+    if SPLIT > 1:
+        store_partial(g, cell, mask, part_ptr, 2 * M * N)
+        store_partial(u, cell + M * N, mask, part_ptr, 2 * M * N)
+        if last_split(cnt_ptr, tl.program_id(0), SPLIT):
+            g = sum_partials(g, cell, mask, part_ptr, 2 * M * N, SPLIT)
+            u = sum_partials(u, cell + M * N, mask, part_ptr, 2 * M * N, SPLIT)
+            _store_gated(g, u, m, n, mask, y_ptr, s_ym, alpha, limit, ACT)
+            tl.atomic_xchg(cnt_ptr + tl.program_id(0), 0)
+    else:
+        _store_gated(g, u, m, n, mask, y_ptr, s_ym, alpha, limit, ACT)
+
+
+@triton.jit
+def _store_gated(g, u, m, n, mask, y_ptr, s_ym, alpha, limit, ACT: tl.constexpr):
+    dt: tl.constexpr = y_ptr.dtype.element_ty
+    h = gated_activation(round_for(g, dt), round_for(u, dt), alpha, limit, ACT)
+    tl.store(y_ptr + m[:, None].to(tl.int64) * s_ym + n[None, :], h.to(dt), mask=mask)
+
+
+@triton.jit(do_not_specialize=["M"])
+def skinny_gemv_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr, M, s_xm, s_wn, s_ym, s_bm,
+    N: tl.constexpr, K: tl.constexpr, K_SPLIT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN: tl.constexpr,
+):
+    """y[:M, n-tile] for M <= BLOCK_M rows: per row, fp32 products summed over each run of 32 inputs into a
+    [BLOCK_M, BLOCK_N, BLOCK_K / 32] accumulator, summed over the runs after the K loop. Grid (N tiles, SPLIT)."""
+    G: tl.constexpr = BLOCK_K // RUN
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    rows = tl.arange(0, BLOCK_M)
+    acc = tl.zeros([BLOCK_M, BLOCK_N, G], tl.float32)
+    w_rows = w_ptr + n.to(tl.int64) * s_wn
+    k_begin = tl.program_id(1) * K_SPLIT
+    for k_off in range(0, K_SPLIT, BLOCK_K):  # constant trip count
+        kk = k_begin + k_off + tl.arange(0, G)[:, None] * RUN + tl.arange(0, RUN)[None, :]  # [G, 32]
+        k_ok = kk < K
+        if EVEN:
+            w = tl.load(w_rows[:, None, None] + kk[None, :, :])
+        else:
+            w = tl.load(w_rows[:, None, None] + kk[None, :, :], mask=n_ok[:, None, None] & k_ok[None, :, :],
+                        other=0.0)
+        w = w.to(tl.float32)
+        for r in tl.static_range(BLOCK_M):
+            # x read in the weight tile's own shape (L1 hits): no layout shuffle through shared memory
+            x_ok = (n_ok[:, None, None] | True) & k_ok[None, :, :] & (kk * 0 + r < M)[None, :, :]
+            xr = tl.load(x_ptr + r * s_xm + kk[None, :, :] + 0 * n[:, None, None], mask=x_ok, other=0.0)
+            part = tl.sum(w * xr.to(tl.float32), axis=2)  # [BLOCK_N, G]
+            if BLOCK_M == 1:
+                acc += part[None, :, :]
+            else:
+                acc = tl.where(rows[:, None, None] == r, acc + part[None, :, :], acc)
+    finish_tile(tl.sum(acc, axis=2), rows, n, rows < M, n_ok, y_ptr, s_ym, b_ptr, s_bm, part_ptr, cnt_ptr,
+                tl.program_id(0), M, N, SPLIT, HAS_BIAS)
