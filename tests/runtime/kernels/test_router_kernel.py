@@ -72,3 +72,40 @@ def check_router_align(dev: torch.device, n_tok: int, first: int, shared: bool, 
     # sums may round differently in the last bit (H200: <= 2.4e-7 relative)
     tol = 0 if dev.type == "cpu" else 1e-6
     torch.testing.assert_close(w, want_w, rtol=tol, atol=tol / 10)
+
+
+@pytest.mark.parametrize("n_tok,first,shared,hidden", [(1, 0, True, 1024), (3, 16, True, 256), (4, 112, False, 1024)])
+def test_router_gemm_align_equals_gemm_then_router_align(triton_interpreter, n_tok, first, shared, hidden):
+    # The router GEMM in the same launch (K split in two at hidden 1024): the picks and layout of
+    # router_topk_align on x W^T, the weights to fp32 rounding of the logits' sums.
+    check_router_gemm_align(torch.device("cpu"), n_tok, first, shared, hidden)
+
+
+def check_router_gemm_align(dev: torch.device, n_tok: int, first: int, shared: bool, hidden: int,
+                            n_exp: int = 128) -> None:
+    from m3bench.runtime.kernels.mx_linear import split_counters
+    from m3bench.runtime.kernels.router import router_gemm_topk_align, router_topk_align
+
+    g = torch.Generator().manual_seed(n_tok * 7 + first + hidden)
+    x, wr = torch.randn(n_tok, hidden, generator=g), torch.randn(n_exp, hidden, generator=g) * hidden ** -0.5
+    b = torch.randn(n_exp, generator=g) * 0.5
+    b[first:first + 16] += 0.6  # some picks local
+    x, wr, b = x.to(dev), wr.to(dev), b.to(dev)
+    want = router_topk_align(torch.nn.functional.linear(x, wr), b, 4, 2.0, first, 16, 16, shared)
+    got = router_gemm_topk_align(x, wr, b, 4, 2.0, first, 16, 16, shared)
+    assert torch.equal(got[1], want[1])
+    n = int(want[2].n_post)
+    assert int(got[2].n_post) == n and torch.equal(got[2].sorted_ids[:n], want[2].sorted_ids[:n])
+    assert torch.equal(got[2].block_expert[: n // 16], want[2].block_expert[: n // 16])
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6)
+    assert not split_counters(dev).any()
+
+
+def test_router_gemm_align_supported_shapes():
+    from m3bench.runtime.kernels.router import router_gemm_align_supported
+
+    w = torch.zeros(128, 256)
+    assert router_gemm_align_supported(torch.zeros(4, 256), w, 4)
+    assert not router_gemm_align_supported(torch.zeros(5, 256), w, 4)  # more rows than the GEMV's 4
+    assert not router_gemm_align_supported(torch.zeros(1, 256).bfloat16(), w.bfloat16(), 4)  # fp32 only
+    assert not router_gemm_align_supported(torch.zeros(1, 256), torch.zeros(96, 256), 4)  # E not a power of two
