@@ -184,8 +184,7 @@ class OpsSet(Enum):
     #                  tiles are always on (no switch)
     SKINNY = "skinny"  # + the skinny decode GEMMs (kernels/skinny.py) for every plain linear at <= 16 rows and the
     #                    fp32 router at <= 4, gate|up GEMMs ending in their activation, the shared expert's down
-    #                    GEMM adding the routed experts' sum; the router GEMM + top-k + alignment in one launch
-    #                    (<= 4 tokens), the MSA top-k inside the block-scores kernel (the runtime's default)
+    #                    GEMM adding the routed experts' sum (the runtime's default)
 
     def holds(self, other: "OpsSet") -> bool:
         order = list(OpsSet)
@@ -195,7 +194,7 @@ class OpsSet(Enum):
 def set_ops(model, ops: OpsSet) -> None:
     """Switch the model's fast path to the fused ops of `ops` (TritonBackend.fuse_ops, SparseMoe's
     fuse_router / fuse_shared / fuse_align / fuse_router_input, Attention.fuse_branches, GatedMLP.fuse_act,
-    the layers' skinny_rows, TritonBackend.fuse_topk)."""
+    the layers' skinny_rows)."""
     from m3bench.runtime.kernels.skinny import SKINNY_MAX_ROWS
     from m3bench.runtime.layers.linear import set_skinny_rows
     from m3bench.runtime.layers.moe import SparseMoe
@@ -203,7 +202,6 @@ def set_ops(model, ops: OpsSet) -> None:
     fused, fused_v1 = ops.holds(OpsSet.FUSED), ops.holds(OpsSet.FUSED_V1)
     if hasattr(model.backend, "fuse_ops"):
         model.backend.fuse_ops = fused_v1
-        model.backend.fuse_topk = None if ops.holds(OpsSet.SKINNY) else False
     set_skinny_rows(model, SKINNY_MAX_ROWS if ops.holds(OpsSet.SKINNY) else 0)
     for layer in model.layers:
         layer.attn.fuse_branches = fused

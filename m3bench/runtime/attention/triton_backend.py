@@ -47,7 +47,6 @@ class TritonBackend:
     def __init__(self, kernel_backend: KernelBackend = KernelBackend.TRITON, fuse_ops: bool = True):
         self.kernel_backend = kernel_backend
         self.fuse_ops = fuse_ops  # the layers' fused norm + RoPE + KV write and add + norm (attention.kernel_backend_of)
-        self.fuse_topk: bool | None = None  # the MSA top-k inside the block-scores kernel (None: where it fits)
 
     def dense(self, layer: int, q: torch.Tensor, meta: AttnMetadata, kv: KVCache, scale: float) -> torch.Tensor:
         k, v, _ = kv.pages(layer)
@@ -67,7 +66,7 @@ class TritonBackend:
         """Selected blocks [T, Hkv, topk] int32 (index head h serves KV head h; one head broadcasts)."""
         sel = msa_select_blocks(iq, ik, meta.block_tables, meta.seq_lens, meta.query_start_loc,
                                 m.topk_blocks, m.init_blocks, max_query_len=max_query_len(meta),
-                                backend=self.kernel_backend, fuse_topk=self.fuse_topk)
+                                backend=self.kernel_backend)
         if sel.shape[1] == hkv:
             return sel
         if sel.shape[1] == 1:

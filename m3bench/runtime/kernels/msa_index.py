@@ -32,10 +32,6 @@ WAVES_PER_TARGET = 4  # segments for ~4x target_programs: each program streams i
 #                       loads, one valid query row at decode), and more of them per SM hide that; the
 #                       scores are written per block either way, so more segments cost no extra traffic
 MAX_TOPK_CHUNK = 4096  # score rows up to this many blocks stay in registers
-FUSED_TOPK_ROWS = 16  # query blocks of up to this many rows (decode, short verify steps) take their top-k in the
-#                       scores kernel; score rows of up to FUSED_TOPK_CHUNK blocks stay in its registers (64k
-#                       context at 128 a block), longer ones are re-read chunk by chunk every round
-FUSED_TOPK_CHUNK = 512
 
 
 def msa_select_blocks(
@@ -50,10 +46,8 @@ def msa_select_blocks(
     max_query_len: int | None = None,
     backend: KernelBackend = KernelBackend.AUTO,
     num_segments: int | None = None,
-    fuse_topk: bool | None = None,
 ) -> torch.Tensor:
-    """Top-k key blocks per query token and index head (block score = max of iq . ik). fuse_topk: the top-k in
-    the scores kernel (None: where the rows fit FUSED_TOPK_MAX)."""
+    """Top-k key blocks per query token and index head (block score = max of iq . ik)."""
     if not use_triton(backend, iq):
         return reference.msa_select_blocks_ref(
             iq, ik_cache, block_tables, seq_lens, query_start_loc, topk, init_blocks, out
@@ -64,34 +58,20 @@ def msa_select_blocks(
     if out is None:
         out = torch.empty((n_tok, hi, topk), dtype=torch.int32, device=iq.device)
     scores = torch.empty((n_tok, hi, block_tables.shape[1]), dtype=torch.float32, device=iq.device)
-    max_q = max(1, max_query_len)
-    chunk = min(MAX_TOPK_CHUNK, max(16, next_pow2(scores.shape[-1])))
-    if fuse_topk is None:
-        fuse_topk = _block_m(hi, max_q) <= FUSED_TOPK_ROWS
-    _launch_scores(iq, ik_cache, block_tables, seq_lens, query_start_loc, init_blocks, scores, max_q, num_segments,
-                   (out, topk, min(chunk, FUSED_TOPK_CHUNK)) if fuse_topk else None)
-    if not fuse_topk:
-        _launch_topk(scores, out, ik_cache.shape[1], seq_lens, query_start_loc, topk, max_q, chunk)
+    _launch_scores(iq, ik_cache, block_tables, seq_lens, query_start_loc, init_blocks,
+                   scores, max(1, max_query_len), num_segments)
+    _launch_topk(scores, out, ik_cache.shape[1], seq_lens, query_start_loc, topk, max(1, max_query_len))
     return out
 
 
-def _block_m(hi: int, max_q: int) -> int:
-    return min(128, max(16, next_pow2(hi * max_q), next_pow2(hi)))
-
-
-def _launch_scores(iq, ik_cache, block_tables, seq_lens, qsl, init_blocks, scores, max_q, n_seg, topk_into=None):
-    """topk_into: (out, topk, chunk) for the top-k inside the scores kernel."""
+def _launch_scores(iq, ik_cache, block_tables, seq_lens, qsl, init_blocks, scores, max_q, n_seg):
     from m3bench.runtime.kernels.msa_index_triton import block_scores_kernel
-    from m3bench.runtime.kernels.mx_linear import COUNTERS, split_counters
 
     n_req, (_, hi, d), page = block_tables.shape[0], iq.shape, ik_cache.shape[1]
     data, sc, gs = cache_kernel_args(ik_cache)
-    block_m = _block_m(hi, max_q)
+    block_m = min(128, max(16, next_pow2(hi * max_q), next_pow2(hi)))
     block_q = block_m // hi
     n_qblk = math.ceil(max_q / block_q)
-    out, topk, chunk = topk_into or (scores, 1, 16)
-    if topk_into is not None and n_req * n_qblk > COUNTERS:
-        raise ValueError(f"{n_req * n_qblk} query blocks exceed the {COUNTERS} counters of the fused top-k")
     if n_seg is None:
         n_seg = min(MAX_SEGMENTS, block_tables.shape[1],
                     max(1, WAVES_PER_TARGET * target_programs(iq) // (n_req * n_qblk)))
@@ -100,19 +80,18 @@ def _launch_scores(iq, ik_cache, block_tables, seq_lens, qsl, init_blocks, score
         iq, data, sc, gs, scores, block_tables, seq_lens, qsl, n_qblk, n_seg,
         iq.stride(0), iq.stride(1), data.stride(0), data.stride(1), sc.stride(0), sc.stride(1),
         block_tables.stride(0), scores.stride(0), scores.stride(1),
-        out, split_counters(iq.device), out.stride(0), out.stride(1),
         HI=hi, D=d, PAGE=page, TILE=tile, BLOCK_M=block_m, BLOCK_Q=block_q,
         INIT_BLOCKS=init_blocks, FMT=FMT_CODE[kv_format_of(ik_cache)],
         F32=iq.dtype == torch.float32 or interpreting(), ASM=kv_format_of(ik_cache) is KVFormat.NVFP4 and nvfp4_asm(iq),
-        FUSE_TOPK=topk_into is not None, TOPK=topk, TOPK_P2=next_pow2(topk), CHUNK=chunk,
         num_warps=4, num_stages=2,
     )
 
 
-def _launch_topk(scores, out, page, seq_lens, qsl, topk, max_q, chunk):
+def _launch_topk(scores, out, page, seq_lens, qsl, topk, max_q):
     from m3bench.runtime.kernels.msa_index_triton import topk_kernel
 
     n_req, hi = seq_lens.shape[0], scores.shape[1]
+    chunk = min(MAX_TOPK_CHUNK, max(16, next_pow2(scores.shape[-1])))
     topk_kernel[(n_req * max_q, hi)](
         scores, out, seq_lens, qsl, max_q,
         scores.stride(0), scores.stride(1), out.stride(0), out.stride(1),

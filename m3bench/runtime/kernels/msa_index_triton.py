@@ -6,9 +6,6 @@ programs (split over the context). Each block's score is the max over its keys j
 iq . ik[j] (fp32 accumulation); the local block gets +inf, init blocks INIT_SCORE.
 topk_kernel, grid (B * max_q, HI): merges the segments' scores of one (token, head) row into
 the TOPK best blocks, sorted (score desc, block id asc), -1 padded.
-FUSE_TOPK: block_scores_kernel does the top-k itself, in the last of a query block's n_seg programs to
-finish (a per-program counter, as kernels/mx_tiles_triton.finish_tile's; reset by that program), for all
-the block's rows at once ([BLOCK_M, CHUNK] scores in registers): one launch instead of two (decode).
 """
 
 import triton
@@ -23,10 +20,10 @@ NO_BLOCK = tl.constexpr(2147483647)
 @triton.jit(do_not_specialize=["n_qblk", "n_seg"])
 def block_scores_kernel(
     iq_ptr, ik_ptr, iks_ptr, ikgs_ptr, scores_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, n_qblk, n_seg,
-    s_qt, s_qh, s_kp, s_kt, s_ksp, s_kst, s_bt, s_st, s_sh, out_ptr, cnt_ptr, s_ot, s_oh,
+    s_qt, s_qh, s_kp, s_kt, s_ksp, s_kst, s_bt, s_st, s_sh,
     HI: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, TILE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, INIT_BLOCKS: tl.constexpr, FMT: tl.constexpr, F32: tl.constexpr,
-    ASM: tl.constexpr, FUSE_TOPK: tl.constexpr, TOPK: tl.constexpr, TOPK_P2: tl.constexpr, CHUNK: tl.constexpr,
+    ASM: tl.constexpr,
 ):
     pid = tl.program_id(0)
     seg = tl.program_id(1)
@@ -70,46 +67,6 @@ def block_scores_kernel(
         forced = tl.where((blk < INIT_BLOCKS) & (blk <= local), INIT_SCORE, best)
         score = tl.where(blk == local, float("inf"), forced)
         tl.store(out_row + blk, score, mask=row_ok)
-    if FUSE_TOPK:
-        tl.debug_barrier()  # every thread's scores stored before the release below
-        if tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel") == n_seg - 1:
-            _topk_rows(scores_ptr + tok * s_st + head * s_sh, out_ptr + tok * s_ot + head * s_oh, row_ok, local + 1,
-                       TOPK, TOPK_P2, CHUNK)
-            tl.atomic_xchg(cnt_ptr + pid, 0)
-
-
-@triton.jit
-def _topk_rows(rows_ptr, out_rows, row_ok, n_valid, TOPK: tl.constexpr, TOPK_P2: tl.constexpr, CHUNK: tl.constexpr):
-    """topk_kernel's rounds for a batch of score rows at once (rows_ptr / out_rows: each row's start; n_valid:
-    each row's blocks). Rows of up to CHUNK blocks stay in registers (one load); longer ones are re-read chunk
-    by chunk every round (chunks in block order: on equal scores the lower block id wins, as in one chunk)."""
-    idx0 = tl.arange(0, CHUNK)[None, :]
-    n_chunks = tl.cdiv(tl.max(tl.where(row_ok, n_valid, 1), axis=0), CHUNK)
-    vals = tl.load(rows_ptr[:, None] + idx0, mask=row_ok[:, None] & (idx0 < n_valid[:, None]), other=float("-inf"),
-                   cache_modifier=".cg")
-    slots = tl.arange(0, TOPK_P2)[None, :]
-    ids = tl.full(slots.shape, -1, tl.int32) + tl.zeros_like(n_valid)[:, None]
-    prev_val = tl.full(n_valid.shape, float("inf"), tl.float32)
-    prev_idx = tl.full(n_valid.shape, -1, tl.int32)
-    for k in range(TOPK):
-        best = tl.full(n_valid.shape, float("-inf"), tl.float32)
-        best_idx = tl.full(n_valid.shape, NO_BLOCK, tl.int32)
-        for c in range(n_chunks):
-            idx = c * CHUNK + idx0
-            valid = row_ok[:, None] & (idx < n_valid[:, None])
-            if n_chunks > 1:
-                vals = tl.load(rows_ptr[:, None] + idx, mask=valid, other=float("-inf"), cache_modifier=".cg")
-            ok = valid & ((vals < prev_val[:, None]) | ((vals == prev_val[:, None]) & (idx > prev_idx[:, None])))
-            v = tl.where(ok, vals, float("-inf"))
-            c_best = tl.max(v, axis=1)
-            c_idx = tl.min(tl.where(ok & (v == c_best[:, None]), idx, NO_BLOCK), axis=1)
-            better = (c_best > best) & (c_idx != NO_BLOCK)
-            best_idx = tl.where(better, c_idx, best_idx)
-            best = tl.where(better, c_best, best)
-        ids = tl.where(slots == k, tl.where(best_idx == NO_BLOCK, -1, best_idx)[:, None], ids)
-        prev_val = best
-        prev_idx = best_idx
-    tl.store(out_rows[:, None] + slots, ids, mask=row_ok[:, None] & (slots < TOPK))
 
 
 @triton.jit(do_not_specialize=["max_q"])

@@ -5,8 +5,7 @@ the fp32 router logits in one launch. The torch reference is `layers.moe.route`'
     w, local_ids, alignment = router_topk_align(logits, bias, top_k, scale, first, n_local, block_m, shared)
 
 `router_topk_align` (T <= ALIGN_TOKENS) also lays the rank's picks out for the fused MoE (kernels.moe.
-moe_align's MoeAlignment, the shared expert's pairs included when `shared`) in the same launch;
-`router_gemm_topk_align(x, weight, ...)` (T <= 4, fp32) runs the router GEMM in that launch too.
+moe_align's MoeAlignment, the shared expert's pairs included when `shared`) in the same launch.
 """
 
 from __future__ import annotations
@@ -57,55 +56,6 @@ def router_align_supported(n_tok: int, n_experts: int, top_k: int) -> bool:
     return n_tok <= ALIGN_TOKENS and router_shapes_supported(n_experts, top_k)
 
 
-def router_gemm_align_supported(x: torch.Tensor, weight: torch.Tensor, top_k: int) -> bool:
-    """router_gemm_topk_align's inputs: fp32 x [T <= 4, H] and router weight [E, H] (contiguous), E a multiple of
-    the GEMV's 16 experts a tile."""
-    from m3bench.runtime.kernels.skinny import GEMV_MAX_ROWS, skinny_supported
-
-    return (x.dtype == weight.dtype == torch.float32 and x.dim() == 2 and 0 < x.shape[0] <= GEMV_MAX_ROWS
-            and router_shapes_supported(weight.shape[0], top_k) and weight.shape[0] % 16 == 0
-            and skinny_supported(x, weight, GEMV_MAX_ROWS) and x.stride(-1) == 1)
-
-
-def router_gemm_topk_align(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, top_k: int,
-                           scale: float, first: int, n_local: int, block_m: int, shared: bool
-                           ) -> tuple[torch.Tensor, torch.Tensor, MoeAlignment]:
-    """router_topk_align(x @ weight^T, ...) in one launch: the skinny GEMV (K split) writes the logits and its last
-    expert tile routes and aligns (kernels/router_triton.router_gemv_align_kernel)."""
-    from m3bench.runtime.kernels.mx_linear import MxKernel, split_counters
-    from m3bench.runtime.kernels.router_triton import router_gemv_align_kernel
-    from m3bench.runtime.kernels.skinny import skinny_tiles
-
-    if not router_gemm_align_supported(x, weight, top_k):
-        raise ValueError(f"router_gemm_topk_align needs fp32 x [<= 4, H] and a contiguous fp32 weight [E, H] with "
-                         f"E a power of two and a multiple of 16, got {tuple(x.shape)} {x.dtype}, "
-                         f"{tuple(weight.shape)} {weight.dtype}")
-    (n_tok, hidden), n_exp, dev = x.shape, weight.shape[0], x.device
-    t = skinny_tiles(n_tok, n_exp, hidden, torch.float32, MxKernel.GEMV)
-    logits = torch.empty((n_tok, n_exp), dtype=torch.float32, device=dev)
-    parts = torch.empty((t.split_k, n_tok, n_exp) if t.split_k > 1 else (1,), dtype=torch.float32, device=dev)
-    w, ids, out = _route_outputs(n_tok, top_k, n_local, block_m, shared, dev)
-    router_gemv_align_kernel[t.grid(n_exp)](
-        x, weight, logits, parts, split_counters(dev), x.stride(0), weight.stride(0),
-        logits if bias is None else bias, w, ids, n_tok, float(scale), int(first), out.sorted_ids, out.block_expert,
-        out.n_post, H=hidden, K_SPLIT=hidden // t.split_k, SPLIT=t.split_k, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
-        E=n_exp, K=top_k, KP=next_pow2(top_k), BLOCK_T=next_pow2(n_tok), HAS_BIAS=bias is not None, E_LOCAL=n_local,
-        BLOCK_M=block_m, SHARED=shared, num_warps=t.num_warps,
-    )
-    return w, ids, out
-
-
-def _route_outputs(n_tok: int, top_k: int, n_local: int, block_m: int, shared: bool, dev
-                   ) -> tuple[torch.Tensor, torch.Tensor, MoeAlignment]:
-    w = torch.empty((n_tok, top_k), dtype=torch.float32, device=dev)
-    ids = torch.empty((n_tok, top_k), dtype=torch.int64, device=dev)
-    n_slots = align_slots(n_tok * top_k, n_local, block_m, n_tok if shared else 0)
-    out = MoeAlignment(torch.empty((n_slots,), dtype=torch.int32, device=dev),
-                       torch.empty((n_slots // block_m,), dtype=torch.int32, device=dev),
-                       torch.empty((1,), dtype=torch.int32, device=dev))
-    return w, ids, out
-
-
 def router_topk_align(logits: torch.Tensor, bias: torch.Tensor | None, top_k: int, scale: float, first: int,
                       n_local: int, block_m: int, shared: bool) -> tuple[torch.Tensor, torch.Tensor, MoeAlignment]:
     """router_topk, the ids made local (minus `first`), and moe_align(local ids, n_local, block_m,
@@ -117,7 +67,13 @@ def router_topk_align(logits: torch.Tensor, bias: torch.Tensor | None, top_k: in
         raise ValueError(f"router_topk_align needs contiguous fp32 logits of at most {ALIGN_TOKENS} tokens and a "
                          f"power-of-two expert count, got {tuple(logits.shape)} {logits.dtype}")
     n_tok, n_exp = logits.shape
-    w, ids, out = _route_outputs(n_tok, top_k, n_local, block_m, shared, logits.device)
+    dev = logits.device
+    w = torch.empty((n_tok, top_k), dtype=torch.float32, device=dev)
+    ids = torch.empty((n_tok, top_k), dtype=torch.int64, device=dev)
+    n_slots = align_slots(n_tok * top_k, n_local, block_m, n_tok if shared else 0)
+    out = MoeAlignment(torch.empty((n_slots,), dtype=torch.int32, device=dev),
+                       torch.empty((n_slots // block_m,), dtype=torch.int32, device=dev),
+                       torch.empty((1,), dtype=torch.int32, device=dev))
     router_align_kernel[(1,)](
         logits, logits if bias is None else bias, w, ids, n_tok, float(scale), logits.stride(0), int(first),
         out.sorted_ids, out.block_expert, out.n_post, E=n_exp, K=top_k, KP=next_pow2(top_k),

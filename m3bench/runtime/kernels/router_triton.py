@@ -7,18 +7,12 @@ experts renormalised to sum 1 times `scale`, with the expert ids (int64).
 `router_align_kernel` (one program, T <= BLOCK_T) goes on to the fused MoE's alignment
 (moe_triton.align_pairs) of the picks that land on this rank's experts [first, first + E_LOCAL) (and
 the shared expert's pairs): the routing and the MoE's first launch in one.
-`router_gemv_align_kernel`, grid (E / BLOCK_N, SPLIT), T <= 4: the router GEMM itself (skinny_triton.gemv_rows,
-K split, the splits of an expert tile meeting as in mx_tiles_triton.finish_tile) writes the logits, and the last
-tile to finish (a second counter, slot E / BLOCK_N) runs router_align_kernel's work: GEMM, top-k and
-alignment in one launch.
 """
 
 import triton
 import triton.language as tl
 
 from m3bench.runtime.kernels.moe_triton import align_pairs
-from m3bench.runtime.kernels.mx_tiles_triton import last_split, store_partial, sum_partials
-from m3bench.runtime.kernels.skinny_triton import gemv_rows
 
 
 @triton.jit
@@ -70,14 +64,6 @@ def router_align_kernel(
     moe_align_kernel's layout of the local picks:
     pair t * K + k (local expert id - first), the shared expert (SHARED: local id E_LOCAL) pairs
     T * K + t; padding marker T * K (+ T)."""
-    route_align(logit_ptr, bias_ptr, w_ptr, id_ptr, n_tok, scale, s_lt, first, sorted_ptr, block_expert_ptr,
-                n_post_ptr, E, K, KP, BLOCK_T, HAS_BIAS, E_LOCAL, BLOCK_M, SHARED)
-
-
-@triton.jit
-def route_align(logit_ptr, bias_ptr, w_ptr, id_ptr, n_tok, scale, s_lt, first, sorted_ptr, block_expert_ptr,
-                n_post_ptr, E: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, BLOCK_T: tl.constexpr,
-                HAS_BIAS: tl.constexpr, E_LOCAL: tl.constexpr, BLOCK_M: tl.constexpr, SHARED: tl.constexpr):
     rows = tl.arange(0, BLOCK_T)
     ok = rows < n_tok
     w_acc, id_acc = _topk_rows(logit_ptr, bias_ptr, rows, ok, scale, s_lt, E, K, KP, BLOCK_T, HAS_BIAS)
@@ -102,46 +88,3 @@ def route_align(logit_ptr, bias_ptr, w_ptr, id_ptr, n_tok, scale, s_lt, first, s
         start = align_pairs(tl.where(ok, 0, -1), n_pairs + rows, marker, start, sorted_ptr, block_expert_ptr,
                             1, BLOCK_M, E_LOCAL)
     tl.store(n_post_ptr, start)
-
-
-@triton.jit(do_not_specialize=["n_tok", "first"])
-def router_gemv_align_kernel(
-    x_ptr, rw_ptr, logit_ptr, part_ptr, cnt_ptr, s_xm, s_wn,
-    bias_ptr, w_ptr, id_ptr, n_tok, scale, first, sorted_ptr, block_expert_ptr, n_post_ptr,
-    H: tl.constexpr, K_SPLIT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    E: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, BLOCK_T: tl.constexpr, HAS_BIAS: tl.constexpr,
-    E_LOCAL: tl.constexpr, BLOCK_M: tl.constexpr, SHARED: tl.constexpr,
-):
-    """logits[:T, n-tile] = x W_router^T (fp32), then (last tile) router_align_kernel on them. Logits [T, E]
-    contiguous; the counters: one per expert tile, then slot E / BLOCK_N for the tiles."""
-    TILES: tl.constexpr = E // BLOCK_N
-    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows = tl.arange(0, BLOCK_T)
-    acc = gemv_rows(x_ptr, rw_ptr, n_tok, s_xm, s_wn, n, n < E, tl.program_id(1) * K_SPLIT, H, K_SPLIT, BLOCK_T,
-                    BLOCK_N, BLOCK_K, True)
-    mask = (rows < n_tok)[:, None] & (n < E)[None, :]
-    cell = rows[:, None] * E + n[None, :]
-    if SPLIT > 1:
-        store_partial(acc, cell, mask, part_ptr, n_tok * E)
-        if last_split(cnt_ptr, tl.program_id(0), SPLIT):
-            tl.store(logit_ptr + cell, sum_partials(acc, cell, mask, part_ptr, n_tok * E, SPLIT), mask=mask)
-            tl.atomic_xchg(cnt_ptr + tl.program_id(0), 0)
-            _last_tile_routes(logit_ptr, cnt_ptr, bias_ptr, w_ptr, id_ptr, n_tok, scale, first, sorted_ptr,
-                              block_expert_ptr, n_post_ptr, TILES, E, K, KP, BLOCK_T, HAS_BIAS, E_LOCAL, BLOCK_M,
-                              SHARED)
-    else:
-        tl.store(logit_ptr + cell, acc, mask=mask)
-        _last_tile_routes(logit_ptr, cnt_ptr, bias_ptr, w_ptr, id_ptr, n_tok, scale, first, sorted_ptr,
-                          block_expert_ptr, n_post_ptr, TILES, E, K, KP, BLOCK_T, HAS_BIAS, E_LOCAL, BLOCK_M, SHARED)
-
-
-@triton.jit
-def _last_tile_routes(logit_ptr, cnt_ptr, bias_ptr, w_ptr, id_ptr, n_tok, scale, first, sorted_ptr, block_expert_ptr,
-                      n_post_ptr, TILES: tl.constexpr, E: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
-                      BLOCK_T: tl.constexpr, HAS_BIAS: tl.constexpr, E_LOCAL: tl.constexpr, BLOCK_M: tl.constexpr,
-                      SHARED: tl.constexpr):
-    """The last expert tile to store its logits routes and aligns every token, then resets the tiles' counter."""
-    if last_split(cnt_ptr, TILES, TILES):
-        route_align(logit_ptr, bias_ptr, w_ptr, id_ptr, n_tok, scale, E, first, sorted_ptr, block_expert_ptr,
-                    n_post_ptr, E, K, KP, BLOCK_T, HAS_BIAS, E_LOCAL, BLOCK_M, SHARED)
-        tl.atomic_xchg(cnt_ptr + TILES, 0)

@@ -5,8 +5,7 @@
                         GATED: W is a fused gate|up [2I, K] and y [M, I] = act(x W_gate^T, x W_up^T) (each
                         rounded to y's dtype first, as the unfused gate|up GEMM + gated_act would)
     skinny_gemv_kernel  no tensor cores: fp32 products summed within each 32-wide run of inputs (in-thread),
-                        the cross-thread sum once after the K loop (fp32 weights: the router; gemv_rows is
-                        also the first half of kernels/router_triton.router_gemv_align_kernel)
+                        the cross-thread sum once after the K loop (fp32 weights: the router)
 
 A decode GEMM of one TP8 rank is a few MB (qkv + index 1920 x 6144 bf16: 23.6 MB): cuBLAS runs it on too
 few CTAs and sums its split K in a second kernel. These kernels fill one wave of resident programs by
@@ -96,25 +95,15 @@ def skinny_gemv_kernel(
     N: tl.constexpr, K: tl.constexpr, K_SPLIT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN: tl.constexpr,
 ):
-    """y[:M, n-tile] for M <= BLOCK_M rows (gemv_rows). Grid (N tiles, SPLIT)."""
+    """y[:M, n-tile] for M <= BLOCK_M rows: per row, fp32 products summed over each run of 32 inputs into a
+    [BLOCK_M, BLOCK_N, BLOCK_K / 32] accumulator, summed over the runs after the K loop. Grid (N tiles, SPLIT)."""
+    G: tl.constexpr = BLOCK_K // RUN
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
     rows = tl.arange(0, BLOCK_M)
-    acc = gemv_rows(x_ptr, w_ptr, M, s_xm, s_wn, n, n_ok, tl.program_id(1) * K_SPLIT, K, K_SPLIT, BLOCK_M, BLOCK_N,
-                    BLOCK_K, EVEN)
-    finish_tile(acc, rows, n, rows < M, n_ok, y_ptr, s_ym, b_ptr, s_bm, part_ptr, cnt_ptr, tl.program_id(0), M, N,
-                SPLIT, HAS_BIAS)
-
-
-@triton.jit
-def gemv_rows(x_ptr, w_ptr, M, s_xm, s_wn, n, n_ok, k_begin, K: tl.constexpr, K_SPLIT: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr):
-    """x[:M, k_begin + [0, K_SPLIT)] W[n]^T in fp32, [BLOCK_M, BLOCK_N]: per row, fp32 products summed over each
-    run of 32 inputs into a [BLOCK_M, BLOCK_N, BLOCK_K / 32] accumulator, summed over the runs after the loop."""
-    G: tl.constexpr = BLOCK_K // RUN
-    rows = tl.arange(0, BLOCK_M)
     acc = tl.zeros([BLOCK_M, BLOCK_N, G], tl.float32)
     w_rows = w_ptr + n.to(tl.int64) * s_wn
+    k_begin = tl.program_id(1) * K_SPLIT
     for k_off in range(0, K_SPLIT, BLOCK_K):  # constant trip count
         kk = k_begin + k_off + tl.arange(0, G)[:, None] * RUN + tl.arange(0, RUN)[None, :]  # [G, 32]
         k_ok = kk < K
@@ -133,4 +122,5 @@ def gemv_rows(x_ptr, w_ptr, M, s_xm, s_wn, n, n_ok, k_begin, K: tl.constexpr, K_
                 acc += part[None, :, :]
             else:
                 acc = tl.where(rows[:, None, None] == r, acc + part[None, :, :], acc)
-    return tl.sum(acc, axis=2)
+    finish_tile(tl.sum(acc, axis=2), rows, n, rows < M, n_ok, y_ptr, s_ym, b_ptr, s_bm, part_ptr, cnt_ptr,
+                tl.program_id(0), M, N, SPLIT, HAS_BIAS)

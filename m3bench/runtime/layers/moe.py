@@ -40,14 +40,7 @@ from m3bench.runtime.kernels.moe import (
     fused_moe,
     moe_tiles,
 )
-from m3bench.runtime.kernels.router import (
-    router_align_supported,
-    router_gemm_align_supported,
-    router_gemm_topk_align,
-    router_topk,
-    router_topk_align,
-    router_topk_supported,
-)
+from m3bench.runtime.kernels.router import router_align_supported, router_topk, router_topk_align, router_topk_supported
 from m3bench.runtime.layers.activation import split_gate_up
 from m3bench.runtime.layers.linear import SKINNY_ROWS, WeightSlot, linear
 from m3bench.runtime.layers.mlp import GatedMLP
@@ -168,14 +161,10 @@ class SparseMoe(nn.Module):
         """route + fused experts (+ the shared expert when fusable) with the alignment made by the router's kernel."""
         shared = self.shared_expert() if self.shared_fusable(x) else None
         tiles = self.expert_tiles(x, shared)
-        xr = router_logits_input(x, self.router_weight, x_router)
-        route_args = (self.router_bias, self.m.top_k, self.m.routed_scaling_factor, self.first_expert,
-                      self.w_down.shape[0], tiles.block_m, shared is not None)
-        if self.skinny_rows and xr.is_cuda and router_gemm_align_supported(xr, self.router_weight, self.m.top_k):
-            w, ids, alignment = router_gemm_topk_align(xr, self.router_weight, *route_args)  # GEMM too: one launch
-        else:
-            logits = linear(xr, self.router_weight, None, skinny_rows=self.skinny_rows)
-            w, ids, alignment = router_topk_align(logits, *route_args)
+        logits = linear(router_logits_input(x, self.router_weight, x_router), self.router_weight, None,
+                        skinny_rows=self.skinny_rows)
+        w, ids, alignment = router_topk_align(logits, self.router_bias, self.m.top_k, self.m.routed_scaling_factor,
+                                              self.first_expert, self.w_down.shape[0], tiles.block_m, shared is not None)
         y = self.fused_experts(x, w, ids, shared, alignment, tiles)
         if shared is None and self.shared is not None:
             y = self.shared_added(x, y)

@@ -19,7 +19,7 @@ from m3bench.runtime.layers.rotary import RotaryEmbedding
 
 from .cases import make_case
 from .test_norm_rope_kernel import _cache, _clone, _ref, _same_cache
-from .test_router_kernel import check_router_align, check_router_gemm_align
+from .test_router_kernel import check_router_align
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -54,15 +54,6 @@ def test_router_align_at_rank_shapes(n_tok, n_exp, shared):
     # Every token count of the aligning router (<= 16), many picks local (16 experts: all of them, gpu_sweep's
     # rank). The tile-reshaping first version lost picks here from 2 tokens on (the trace replay's crash).
     check_router_align(torch.device("cuda"), n_tok, 0, shared, n_exp, local_bias=1.0)
-
-
-@pytest.mark.parametrize("n_tok", [1, 2, 3, 4])
-@pytest.mark.parametrize("first,shared", [(0, True), (48, False)])
-def test_router_gemm_align_at_rank_shapes(n_tok, first, shared):
-    # The router GEMM over hidden 6144 (K split 12 ways) in the aligning router's launch; repeated, as the
-    # counters must come back to zero and the last expert tile alone must route.
-    for _ in range(3):
-        check_router_gemm_align(torch.device("cuda"), n_tok, first, shared, 6144)
 
 
 @pytest.mark.parametrize("n_tok", [1, 64])
@@ -122,24 +113,6 @@ def test_nvfp4_attention_at_rank_shapes(sparse, decode, monkeypatch):
     n = case.n_tokens
     rel = float((out[:n].cpu().double() - want[:n]).norm() / want[:n].norm())
     assert rel < 2e-2, rel
-
-
-@pytest.mark.parametrize("fuse_topk", [True, False])
-def test_fused_topk_selection_at_long_contexts(fuse_topk):
-    """The block-scores kernel's own top-k at decode (4 index heads, page 128): 8k (64 blocks, in registers)
-    and 70k context (547 blocks: re-read in chunks every round), fp32, equal to the reference; repeated (the
-    counters come back to zero, the last segment alone selects)."""
-    from m3bench.runtime.kernels.msa_index import msa_select_blocks
-    from m3bench.runtime.kernels.reference import msa_select_blocks_ref
-
-    case = make_case(23, q_lens=[1, 1, 1], seq_lens=[8192, 70000, 300], hq=4, hkv=1, d=128, page=128, hi=4, di=128)
-    want = msa_select_blocks_ref(case.iq.double(), case.ik_cache, case.block_tables, case.seq_lens,
-                                 case.query_start_loc, 16, 1)
-    for _ in range(3):
-        got = msa_select_blocks(case.iq.cuda(), _cuda(case.ik_cache), case.block_tables.cuda(), case.seq_lens.cuda(),
-                                case.query_start_loc.cuda(), 16, 1, max_query_len=1, backend=KernelBackend.TRITON,
-                                fuse_topk=fuse_topk).cpu()
-        assert torch.equal(got[:case.n_tokens], want[:case.n_tokens])
 
 
 @pytest.mark.parametrize("decode", list(Nvfp4Decode))

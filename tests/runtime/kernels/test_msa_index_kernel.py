@@ -37,12 +37,11 @@ def _local_blocks(case):
     ])
 
 
-@pytest.mark.parametrize("fuse_topk", [False, True])
 @pytest.mark.parametrize("segments", [1, 3])
-def test_topk_matches_reference(segments, fuse_topk):
+def test_topk_matches_reference(segments):
     # 11 blocks of 16 at most, topk 4: real selection; 3 index heads; decode and a 5-chunk.
     case = make_case(10, q_lens=[1, 5, 2], seq_lens=[170, 90, 20], hi=3, hkv=3)
-    got, want = _select(case, topk=4, num_segments=segments, max_query_len=5, fuse_topk=fuse_topk)
+    got, want = _select(case, topk=4, num_segments=segments, max_query_len=5)
     assert torch.equal(got, want)
     assert torch.equal(got[:, :, 0], _local_blocks(case)[:, None].expand(-1, 3).to(torch.int32))
 
@@ -83,33 +82,6 @@ def test_topk_over_chunks_when_the_row_exceeds_registers(monkeypatch):
     case = make_case(14, q_lens=[1, 2], seq_lens=[640, 300], hi=1, hkv=1, page=16)
     got, want = _select(case, topk=5, init_blocks=1, max_query_len=2)
     assert torch.equal(got, want)
-
-
-@pytest.mark.parametrize("chunk", [16, 64])
-def test_fused_topk_over_chunks_at_decode(monkeypatch, chunk):
-    """The scores kernel's own top-k (decode rows): 40 and 19 blocks in registers (chunk 64) or re-read in
-    chunks of 16 every round; equal to the reference; its counters left zero."""
-    from m3bench.runtime.kernels import msa_index
-    from m3bench.runtime.kernels.mx_linear import split_counters
-
-    monkeypatch.setattr(msa_index, "FUSED_TOPK_CHUNK", chunk)
-    case = make_case(17, q_lens=[1, 1, 1], seq_lens=[640, 300, 33], hi=4, hkv=1, page=16)
-    for segments in (5, 1):  # several segments first: no score row left over from an earlier call
-        got, want = _select(case, topk=6, init_blocks=1, max_query_len=1, num_segments=segments)
-        assert torch.equal(got, want)
-        assert not split_counters(case.iq.device).any()
-
-
-def test_fused_topk_by_default_only_for_short_query_blocks(monkeypatch):
-    from m3bench.runtime.kernels import msa_index
-
-    seen = []
-    real = msa_index._launch_topk
-    monkeypatch.setattr(msa_index, "_launch_topk", lambda *a: seen.append(a) or real(*a))
-    decode = make_case(18, q_lens=[1, 1], seq_lens=[90, 40], hi=4, hkv=1)
-    assert torch.equal(*_select(decode, topk=3, max_query_len=1)) and seen == []  # 4 rows: fused
-    prefill = make_case(19, q_lens=[9], seq_lens=[90], hi=4, hkv=1)
-    assert torch.equal(*_select(prefill, topk=3, max_query_len=9)) and len(seen) == 1  # 36 rows: separate
 
 
 def test_prefill_chunk_spans_several_query_blocks():
