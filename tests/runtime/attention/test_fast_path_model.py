@@ -110,7 +110,7 @@ def test_shared_expert_inside_the_fused_moe(n_tok, dtype, tol, monkeypatch):
     apart = moe(x).double()
     calls = []
     real = GatedMLP.forward
-    monkeypatch.setattr(GatedMLP, "forward", lambda self, h: calls.append(1) or real(self, h))
+    monkeypatch.setattr(GatedMLP, "forward", lambda self, h, *a, **kw: calls.append(1) or real(self, h, *a, **kw))
     moe.fuse_shared = True
     assert moe.shared_fusable(x)
     fused = moe(x).double()
