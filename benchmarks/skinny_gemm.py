@@ -30,10 +30,12 @@ import torch.nn.functional as F
 from mxfp8_gpu import rel_err
 from mxfp8_speed import copies, error_of, measure
 
+from m3bench.runtime.config import Activation
 from m3bench.runtime.kernels.gated_act import gated_act
-from m3bench.runtime.kernels.mx_linear import MxKernel, block_k_for, split_for
+from m3bench.runtime.kernels.mx_linear import MxKernel, MxTiles, block_k_for, split_for
 from m3bench.runtime.kernels.reference import MoeActivation
-from m3bench.runtime.kernels.skinny import GEMV_MAX_ROWS, Gate, SkinnyTiles, skinny_linear, skinny_tiles
+from m3bench.runtime.kernels.skinny import GEMV_MAX_ROWS, Gate, skinny_linear, skinny_tiles
+from m3bench.runtime.layers.activation import gated_activation
 
 FLOOR_BYTES_PER_S = 4.0e12
 MAX_ERR = 2e-2
@@ -69,27 +71,27 @@ class Row:
         return 100.0 * self.weight_bytes / FLOOR_BYTES_PER_S / (us * 1e-6)
 
 
-def candidates(m: int, n: int, k: int, dtype: torch.dtype) -> list[SkinnyTiles]:
+def candidates(m: int, n: int, k: int, dtype: torch.dtype) -> list[MxTiles]:
     out = []
     dot = [] if dtype == torch.float32 else DOT_CANDIDATES
     for bn, bk, stages, warps in dot:
         bk = block_k_for(k, bk)
         for per_sm in PER_SM_OPTIONS:
             split = split_for(math.ceil(n / bn), k, bk, per_sm * SMS)
-            out.append(SkinnyTiles(MxKernel.DOT, 16, bn, bk, split, warps, stages))
+            out.append(MxTiles(MxKernel.DOT, 16, bn, bk, split, warps, stages))
     for bn, bk, warps in GEMV_CANDIDATES:
         bk = block_k_for(k, bk)
         for per_sm in PER_SM_OPTIONS:
             split = split_for(math.ceil(n / bn), k, bk, per_sm * SMS)
-            out.append(SkinnyTiles(MxKernel.GEMV, 1 << max(0, (m - 1).bit_length()), bn, bk, split, warps, 1))
+            out.append(MxTiles(MxKernel.GEMV, 1 << max(0, (m - 1).bit_length()), bn, bk, split, warps, 1))
     return list(dict.fromkeys(out))
 
 
-def label(t: SkinnyTiles) -> str:
+def label(t: MxTiles) -> str:
     return f"{t.kernel.value} n{t.block_n} k{t.block_k} s{t.split_k} w{t.num_warps} st{t.num_stages}"
 
 
-def time_tiles(xs, ws, tiles: SkinnyTiles) -> float:
+def time_tiles(xs, ws, tiles: MxTiles) -> float:
     return measure([lambda x=x, w=w: skinny_linear(x, w, tiles=tiles) for x, w in zip(xs, ws)])
 
 
@@ -143,15 +145,8 @@ def fused_rows(name: str, n: int, k: int, dev, gen) -> list[Row]:
 
 
 def _gated_want(x, w):
-    gu = F.linear(x.float(), w.float())
-    i = w.shape[0] // 2
-    return gated_act(gu, GATE.activation, GATE.alpha, GATE.limit) if gu.is_cuda else _torch_gated(gu, i)
-
-
-def _torch_gated(gu, i):
-    from m3bench.runtime.config import Activation
-    from m3bench.runtime.layers.activation import gated_activation
-
+    """The fp32 torch reference of gate|up + act."""
+    gu, i = F.linear(x.float(), w.float()), w.shape[0] // 2
     return gated_activation(Activation.SWIGLUOAI, gu[:, :i], gu[:, i:], GATE.alpha, GATE.limit)
 
 

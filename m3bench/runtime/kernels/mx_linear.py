@@ -98,6 +98,14 @@ def split_counters(device: torch.device) -> torch.Tensor:
                      if device.type == "cuda" else device)
 
 
+def check_split(t: MxTiles, m: int, n: int, k: int) -> None:
+    """The split K of tiles t divides K, and its output tiles fit the split counters."""
+    if k % (t.split_k * t.block_k):
+        raise ValueError(f"split_k {t.split_k} x block_k {t.block_k} does not divide K {k}")
+    if t.split_k > 1 and t.grid(m, n)[0] > COUNTERS:
+        raise ValueError(f"{t.grid(m, n)[0]} output tiles exceed the {COUNTERS} split counters")
+
+
 def mx_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
               tiles: MxTiles | None = None) -> torch.Tensor:
     """x [M, K] (contiguous along K) @ dequant(weight, scale)^T (+ bias) -> [M, N] in x's dtype."""
@@ -109,19 +117,16 @@ def mx_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: 
     t = tiles or mx_tiles(m, n, k, sms=sm_count(x.device.index or 0) if x.is_cuda else SMS)
     if t.kernel is MxKernel.GEMV and m > t.block_m:
         raise ValueError(f"the GEMV kernel takes at most block_m {t.block_m} rows, got {m}")
-    if k % (t.split_k * t.block_k):
-        raise ValueError(f"split_k {t.split_k} x block_k {t.block_k} does not divide K {k}")
+    check_split(t, m, n, k)
     y = x.new_empty((m, n))
     grid = t.grid(m, n)
-    if t.split_k > 1 and grid[0] > COUNTERS:
-        raise ValueError(f"{grid[0]} output tiles exceed the {COUNTERS} split counters")
     parts = x.new_empty((t.split_k, m, n) if t.split_k > 1 else (1,), dtype=torch.float32)
     args = (x, weight, scale.view(torch.uint8), bias if bias is not None else y, y, parts,
             split_counters(x.device), m, x.stride(0), weight.stride(0), scale.stride(0), y.stride(0))
     meta = dict(N=n, K=k, K_SPLIT=k // t.split_k, SPLIT=t.split_k, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
                 BLOCK_K=t.block_k, HAS_BIAS=bias is not None, num_warps=t.num_warps, num_stages=t.num_stages)
     if t.kernel is MxKernel.GEMV:
-        kt.mx_gemv_kernel[grid](*args, **meta)
+        kt.mx_gemv_kernel[grid](*args, 0, **meta, SCALED=True, EVEN=False)  # 0: the bias's row stride
     else:
         kt.mx_dot_kernel[grid](*args, **meta, F32=x.dtype == torch.float32 or interpreting(),
                                EVEN=n % t.block_n == 0 and k % t.block_k == 0)

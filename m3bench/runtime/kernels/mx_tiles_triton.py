@@ -6,7 +6,8 @@
                     kernels load the steps one K step ahead, as the pipeliner only moves the tiles)
     nv_tile(...) -> the same for NVFP4 (E2M1 codes two a byte, e4m3 scale per 16, fp32 global per row):
                     the codes, read as int32 words, become e4m3 codes with word-wide bit operations
-    mx_gemv_kernel  skinny M (<= 4 rows): no tl.dot; fp32 products reduced per 32-block, then scaled
+    mx_gemv_kernel  skinny M (<= 4 rows): no tl.dot; fp32 products reduced per 32-block, then scaled (or
+                    not: the plain-weight GEMV of kernels/skinny.py, the fp32 router)
     mx_dot_kernel   M up to 64: y^T = W x^T as ONE tl.dot per BLOCK_K step (the weight tile is the
                     MMA's M side, the padded batch its N side: "swap AB")
 
@@ -156,13 +157,14 @@ def _store(acc, m, n, mask, y_ptr, s_ym, b_ptr, s_bm, HAS_BIAS: tl.constexpr):
 
 @triton.jit(do_not_specialize=["M"])
 def mx_gemv_kernel(
-    x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr, M, s_xm, s_wn, s_sn, s_ym,
+    x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr, M, s_xm, s_wn, s_sn, s_ym, s_bm,
     N: tl.constexpr, K: tl.constexpr, K_SPLIT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, SCALED: tl.constexpr, EVEN: tl.constexpr,
 ):
     """y[:M, n-tile] for M <= BLOCK_M (<= 4) rows: per row, fp32 products summed within each 32-block
-    (mostly in-thread), scaled by the block's power of two into a [BLOCK_M, BLOCK_N, BLOCK_K / 32]
-    accumulator; the cross-thread sum over the blocks runs once, after the K loop. Grid (N tiles, SPLIT)."""
+    (mostly in-thread), scaled by the block's power of two (SCALED: MXFP8; else plain weights, kernels/skinny.py)
+    into a [BLOCK_M, BLOCK_N, BLOCK_K / 32] accumulator; the cross-thread sum over the blocks runs once, after
+    the K loop. EVEN: no masks on the weights. Grid (N tiles, SPLIT)."""
     G: tl.constexpr = BLOCK_K // MX_BLOCK
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
@@ -175,21 +177,28 @@ def mx_gemv_kernel(
         k0 = k_begin + k_off
         kk = k0 + g[:, None] * MX_BLOCK + tl.arange(0, MX_BLOCK)[None, :]  # [G, 32]
         k_ok = kk < K
-        w = tl.load(w_rows[:, None, None] + kk[None, :, :], mask=n_ok[:, None, None] & k_ok[None, :, :], other=0.0)
+        if EVEN:
+            w = tl.load(w_rows[:, None, None] + kk[None, :, :])
+        else:
+            w = tl.load(w_rows[:, None, None] + kk[None, :, :], mask=n_ok[:, None, None] & k_ok[None, :, :],
+                        other=0.0)
         w = w.to(tl.float32)
-        s_ok = n_ok[:, None] & (k0 + g * MX_BLOCK < K)[None, :]
-        blk = k0 // MX_BLOCK + g
-        sc = e8m0_scale(tl.load(s_ptr + n.to(tl.int64)[:, None] * s_sn + blk[None, :], mask=s_ok, other=0))
+        if SCALED:
+            s_ok = n_ok[:, None] & (k0 + g * MX_BLOCK < K)[None, :]
+            blk = k0 // MX_BLOCK + g
+            sc = e8m0_scale(tl.load(s_ptr + n.to(tl.int64)[:, None] * s_sn + blk[None, :], mask=s_ok, other=0))
         for r in tl.static_range(BLOCK_M):
             # x read in the weight tile's own shape (L1 hits): no layout shuffle through shared memory
             x_ok = (n_ok[:, None, None] | True) & k_ok[None, :, :] & (kk * 0 + r < M)[None, :, :]
             xr = tl.load(x_ptr + r * s_xm + kk[None, :, :] + 0 * n[:, None, None], mask=x_ok, other=0.0)
-            part = tl.sum(w * xr.to(tl.float32), axis=2) * sc  # [BLOCK_N, G]
+            part = tl.sum(w * xr.to(tl.float32), axis=2)  # [BLOCK_N, G]
+            if SCALED:
+                part = part * sc
             if BLOCK_M == 1:
                 acc += part[None, :, :]
             else:
                 acc = tl.where(rows[:, None, None] == r, acc + part[None, :, :], acc)
-    finish_tile(tl.sum(acc, axis=2), rows, n, rows < M, n_ok, y_ptr, s_ym, b_ptr, 0, part_ptr, cnt_ptr,
+    finish_tile(tl.sum(acc, axis=2), rows, n, rows < M, n_ok, y_ptr, s_ym, b_ptr, s_bm, part_ptr, cnt_ptr,
                 tl.program_id(0), M, N, SPLIT, HAS_BIAS)
 
 

@@ -19,7 +19,7 @@ import torch
 
 from m3bench.runtime.kernels.backend import interpreting, next_pow2, sm_count
 from m3bench.runtime.kernels.moe import ACT_CODE
-from m3bench.runtime.kernels.mx_linear import COUNTERS, SMS, MxKernel, block_k_for, split_counters
+from m3bench.runtime.kernels.mx_linear import SMS, MxKernel, MxTiles, block_k_for, check_split, split_counters
 from m3bench.runtime.kernels.reference import MoeActivation
 
 SKINNY_MAX_ROWS = 16  # the dot kernel pads the rows to 16 anyway
@@ -43,32 +43,18 @@ class Gate:
     limit: float
 
 
-@dataclass(frozen=True)
-class SkinnyTiles:
-    kernel: MxKernel
-    block_m: int
-    block_n: int
-    block_k: int
-    split_k: int = 1
-    num_warps: int = 4
-    num_stages: int = 4
-
-    def grid(self, n: int) -> tuple[int, int]:
-        return math.ceil(n / self.block_n), self.split_k
-
-
 def skinny_tiles(m: int, n: int, k: int, dtype: torch.dtype = torch.bfloat16, kernel: MxKernel | None = None,
-                 sms: int = SMS, gated: bool = False) -> SkinnyTiles:
+                 sms: int = SMS, gated: bool = False) -> MxTiles:
     """Tiles for n output columns (a gated call: I, `gated`). Dot (bf16 / fp16): BLOCK_N 64 (gated 32: two row
     sets a program), BLOCK_K 128 (64 below 512 inputs, 6 stages), rows padded to 16, 4 stages. GEMV (fp32 weights, or asked for): BLOCK_N 16, BLOCK_K 1024
     (fp32: 512; or the largest power of two dividing K), 8 warps. K split by `skinny_split`."""
     kernel = kernel or (MxKernel.GEMV if dtype == torch.float32 and not gated else MxKernel.DOT)
     if kernel is MxKernel.GEMV:
         bk = block_k_for(k, 1024 if dtype != torch.float32 else 512)
-        return SkinnyTiles(kernel, next_pow2(max(1, m)), 16, bk, skinny_split(math.ceil(n / 16), k, bk, kernel, sms),
+        return MxTiles(kernel, next_pow2(max(1, m)), 16, bk, skinny_split(math.ceil(n / 16), k, bk, kernel, sms),
                            8, 1)
     bk, bn = block_k_for(k, 128 if k >= 512 else 64), 32 if gated else 64
-    return SkinnyTiles(kernel, 16, bn, bk, skinny_split(math.ceil(n / bn), k, bk, kernel, sms), 4,
+    return MxTiles(kernel, 16, bn, bk, skinny_split(math.ceil(n / bn), k, bk, kernel, sms), 4,
                        4 if bk >= 128 else 6)
 
 
@@ -93,10 +79,11 @@ def skinny_supported(x: torch.Tensor, weight: torch.Tensor, max_rows: int = SKIN
 
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                  tiles: SkinnyTiles | None = None, add: torch.Tensor | None = None,
+                  tiles: MxTiles | None = None, add: torch.Tensor | None = None,
                   gate: Gate | None = None) -> torch.Tensor:
     """x [..., K] @ weight^T (+ bias, + add [..., N]) -> [..., N] in x's dtype; gate: weight is a fused gate|up
     [2I, K] and the result act(gate, up) [..., I] (the dot kernel; no bias or add)."""
+    from m3bench.runtime.kernels import mx_tiles_triton
     from m3bench.runtime.kernels import skinny_triton as kt
 
     lead, k = x.shape[:-1], x.shape[-1]
@@ -107,34 +94,30 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     t = tiles or skinny_tiles(m, n, k, weight.dtype, sms=sm_count(x.device.index or 0) if x.is_cuda else SMS,
                               gated=gate is not None)
     _check(t, m, k, n, gate, bias, add)
-    grid = t.grid(n)
+    grid = t.grid(m, n)
     y = x2.new_empty((m, n))
     planes = 2 if gate else 1
     parts = x2.new_empty((t.split_k, planes, m, n) if t.split_k > 1 else (1,), dtype=torch.float32)
     extra, s_bm = _addend(bias, add, m, n, y)
-    args = (x2, weight, extra, y, parts, split_counters(x2.device), m, x2.stride(0), weight.stride(0), y.stride(0),
-            s_bm)
+    head, tail = (x2, weight), (extra, y, parts, split_counters(x2.device), m, x2.stride(0), weight.stride(0))
     even = n % t.block_n == 0 and k % t.block_k == 0
     meta = dict(N=n, K=k, K_SPLIT=k // t.split_k, SPLIT=t.split_k, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
                 BLOCK_K=t.block_k, HAS_BIAS=bias is not None or add is not None, EVEN=even, num_warps=t.num_warps,
                 num_stages=t.num_stages)
-    if t.kernel is MxKernel.GEMV:
-        kt.skinny_gemv_kernel[grid](*args, **meta)
+    if t.kernel is MxKernel.GEMV:  # the MXFP8 GEMV unscaled (its scale pointer and stride unused)
+        mx_tiles_triton.mx_gemv_kernel[grid](*head, weight, *tail, 0, y.stride(0), s_bm, **meta, SCALED=False)
     else:
         act = gate or Gate(MoeActivation.SILU, 1.0, 0.0)
-        kt.skinny_dot_kernel[grid](*args, float(act.alpha), float(act.limit), **meta,
+        kt.skinny_dot_kernel[grid](*head, *tail, y.stride(0), s_bm, float(act.alpha), float(act.limit), **meta,
                                    F32=x2.dtype == torch.float32 or interpreting(), GATED=gate is not None,
                                    ACT=ACT_CODE[act.activation])
     return y.reshape(*lead, n)
 
 
-def _check(t: SkinnyTiles, m: int, k: int, n: int, gate: Gate | None, bias, add) -> None:
+def _check(t: MxTiles, m: int, k: int, n: int, gate: Gate | None, bias, add) -> None:
     if m > t.block_m:
         raise ValueError(f"skinny tiles take at most block_m {t.block_m} rows, got {m}")
-    if k % (t.split_k * t.block_k):
-        raise ValueError(f"split_k {t.split_k} x block_k {t.block_k} does not divide K {k}")
-    if t.split_k > 1 and t.grid(n)[0] > COUNTERS:
-        raise ValueError(f"{t.grid(n)[0]} output tiles exceed the {COUNTERS} split counters")
+    check_split(t, m, n, k)
     if gate is not None and (t.kernel is not MxKernel.DOT or bias is not None or add is not None):
         raise ValueError("a gated skinny GEMM runs the dot kernel, without bias or add")
     if bias is not None and add is not None:

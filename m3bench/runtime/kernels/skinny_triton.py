@@ -4,8 +4,7 @@
                         the rows (padded to 16) on its N side ("swap AB"); the pipeliner streams the tiles.
                         GATED: W is a fused gate|up [2I, K] and y [M, I] = act(x W_gate^T, x W_up^T) (each
                         rounded to y's dtype first, as the unfused gate|up GEMM + gated_act would)
-    skinny_gemv_kernel  no tensor cores: fp32 products summed within each 32-wide run of inputs (in-thread),
-                        the cross-thread sum once after the K loop (fp32 weights: the router)
+    (the GEMV, no tensor cores, for fp32 weights such as the router's: mx_tiles_triton.mx_gemv_kernel unscaled)
 
 A decode GEMM of one TP8 rank is a few MB (qkv + index 1920 x 6144 bf16: 23.6 MB): cuBLAS runs it on too
 few CTAs and sums its split K in a second kernel. These kernels fill one wave of resident programs by
@@ -19,8 +18,6 @@ import triton.language as tl
 from m3bench.runtime.kernels.moe_triton import gated_activation
 from m3bench.runtime.kernels.mx_tiles_triton import dot_acc, finish_tile, last_split, store_partial, sum_partials
 from m3bench.runtime.kernels.round_triton import round_for
-
-RUN = tl.constexpr(32)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -87,40 +84,3 @@ def _store_gated(g, u, m, n, mask, y_ptr, s_ym, alpha, limit, ACT: tl.constexpr)
     dt: tl.constexpr = y_ptr.dtype.element_ty
     h = gated_activation(round_for(g, dt), round_for(u, dt), alpha, limit, ACT)
     tl.store(y_ptr + m[:, None].to(tl.int64) * s_ym + n[None, :], h.to(dt), mask=mask)
-
-
-@triton.jit(do_not_specialize=["M"])
-def skinny_gemv_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr, M, s_xm, s_wn, s_ym, s_bm,
-    N: tl.constexpr, K: tl.constexpr, K_SPLIT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN: tl.constexpr,
-):
-    """y[:M, n-tile] for M <= BLOCK_M rows: per row, fp32 products summed over each run of 32 inputs into a
-    [BLOCK_M, BLOCK_N, BLOCK_K / 32] accumulator, summed over the runs after the K loop. Grid (N tiles, SPLIT)."""
-    G: tl.constexpr = BLOCK_K // RUN
-    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = n < N
-    rows = tl.arange(0, BLOCK_M)
-    acc = tl.zeros([BLOCK_M, BLOCK_N, G], tl.float32)
-    w_rows = w_ptr + n.to(tl.int64) * s_wn
-    k_begin = tl.program_id(1) * K_SPLIT
-    for k_off in range(0, K_SPLIT, BLOCK_K):  # constant trip count
-        kk = k_begin + k_off + tl.arange(0, G)[:, None] * RUN + tl.arange(0, RUN)[None, :]  # [G, 32]
-        k_ok = kk < K
-        if EVEN:
-            w = tl.load(w_rows[:, None, None] + kk[None, :, :])
-        else:
-            w = tl.load(w_rows[:, None, None] + kk[None, :, :], mask=n_ok[:, None, None] & k_ok[None, :, :],
-                        other=0.0)
-        w = w.to(tl.float32)
-        for r in tl.static_range(BLOCK_M):
-            # x read in the weight tile's own shape (L1 hits): no layout shuffle through shared memory
-            x_ok = (n_ok[:, None, None] | True) & k_ok[None, :, :] & (kk * 0 + r < M)[None, :, :]
-            xr = tl.load(x_ptr + r * s_xm + kk[None, :, :] + 0 * n[:, None, None], mask=x_ok, other=0.0)
-            part = tl.sum(w * xr.to(tl.float32), axis=2)  # [BLOCK_N, G]
-            if BLOCK_M == 1:
-                acc += part[None, :, :]
-            else:
-                acc = tl.where(rows[:, None, None] == r, acc + part[None, :, :], acc)
-    finish_tile(tl.sum(acc, axis=2), rows, n, rows < M, n_ok, y_ptr, s_ym, b_ptr, s_bm, part_ptr, cnt_ptr,
-                tl.program_id(0), M, N, SPLIT, HAS_BIAS)

@@ -29,15 +29,16 @@ from m3bench.runtime.kernels import (
     mxfp8_triton,
     norm_rope_triton,
     router_triton,
+    skinny_triton,
 )
 from m3bench.runtime.kernels import kv_quant as kq
+from m3bench.runtime.kernels.add_norm import add_rms_norm_fused
 from m3bench.runtime.kernels.attention import paged_attention
 from m3bench.runtime.kernels.backend import KernelBackend
 from m3bench.runtime.kernels.kv_write import write_pages
 from m3bench.runtime.kernels.moe import MoeScales, MoeTiles, SharedExpert, fused_moe
-from m3bench.runtime.kernels.mxfp8 import mxfp8_linear
 from m3bench.runtime.kernels.msa_index import msa_select_blocks
-from m3bench.runtime.kernels.add_norm import add_rms_norm_fused
+from m3bench.runtime.kernels.mxfp8 import mxfp8_linear
 from m3bench.runtime.kernels.norm_rope import Branch, BranchWrite, norm_rope_write, norm_rope_write_pair
 from m3bench.runtime.kernels.router import router_topk, router_topk_align
 
@@ -77,7 +78,7 @@ def compile_launch(fn, args, kwargs):
 
 def record_all(q_lens):
     for mod in (attention_triton, msa_index_triton, moe_triton, kv_write_triton, mxfp8_triton, router_triton,
-                add_norm_triton, norm_rope_triton, mx_tiles_triton, moe_quant_triton, gated_act_triton):
+                add_norm_triton, norm_rope_triton, mx_tiles_triton, moe_quant_triton, gated_act_triton, skinny_triton):
         for name in dir(mod):
             if isinstance(getattr(mod, name), triton.JITFunction) and name.endswith("_kernel"):
                 setattr(mod, name, Recorder(getattr(mod, name)))
@@ -116,6 +117,25 @@ def record_all(q_lens):
     fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T, tiles=MoeTiles(64, 128, 64, 8, 3))
     record_mxfp8(T)
     record_fused(caches, x[:, 0])
+    record_skinny()
+
+
+def record_skinny():
+    """The skinny decode GEMMs at one TP8 rank's shapes: plain, with an add, gated, and the fp32 router GEMV."""
+    from m3bench.runtime.kernels.reference import MoeActivation
+    from m3bench.runtime.kernels.skinny import Gate, skinny_linear
+
+    gate = Gate(MoeActivation.SWIGLUOAI, 1.702, 7.0)
+    for rows in (1, 16):
+        for n, k in ((1920, 6144), (6144, 1024), (6144, 384)):
+            x, w = torch.randn(rows, k).to(torch.bfloat16), torch.empty(n, k, dtype=torch.bfloat16)
+            skinny_linear(x, w)
+            skinny_linear(x, w, add=torch.empty(rows, n, dtype=torch.bfloat16))
+        for inter in (384, 1536):  # shared expert, dense MLP
+            skinny_linear(torch.randn(rows, 6144).to(torch.bfloat16), torch.empty(2 * inter, 6144, dtype=torch.bfloat16),
+                          gate=gate)
+    for rows in (1, 4):
+        skinny_linear(torch.randn(rows, 6144), torch.empty(128, 6144))
 
 
 def record_nvfp4_asm(q, iq, cache, ik, bt, lens, qsl, sel, q_len):

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from m3bench.runtime.config import Activation
-from m3bench.runtime.kernels.mx_linear import MxKernel, split_counters
+from m3bench.runtime.kernels.mx_linear import MxKernel, MxTiles, split_counters
 from m3bench.runtime.kernels.reference import MoeActivation
-from m3bench.runtime.kernels.skinny import PER_SM, Gate, SkinnyTiles, skinny_linear, skinny_supported, skinny_tiles
+from m3bench.runtime.kernels.skinny import PER_SM, Gate, skinny_linear, skinny_supported, skinny_tiles
 from m3bench.runtime.layers.activation import gated_activation
 
 pytestmark = pytest.mark.usefixtures("triton_interpreter")
@@ -20,11 +20,11 @@ def _want(x, w, b=None):
 
 
 @pytest.mark.parametrize("m, n, k, tiles", [
-    (1, 48, 64, SkinnyTiles(GEMV, 1, 16, 64)),
-    (2, 40, 256, SkinnyTiles(GEMV, 2, 16, 64, split_k=2)),   # ragged N, two K pieces
-    (3, 24, 384, SkinnyTiles(GEMV, 4, 16, 128, split_k=3)),  # 3 of 4 rows live, 3 pieces
-    (1, 40, 96, SkinnyTiles(DOT, 16, 32, 32, split_k=3)),
-    (4, 64, 256, SkinnyTiles(DOT, 16, 32, 64, split_k=2)),   # EVEN: no masks
+    (1, 48, 64, MxTiles(GEMV, 1, 16, 64)),
+    (2, 40, 256, MxTiles(GEMV, 2, 16, 64, split_k=2)),   # ragged N, two K pieces
+    (3, 24, 384, MxTiles(GEMV, 4, 16, 128, split_k=3)),  # 3 of 4 rows live, 3 pieces
+    (1, 40, 96, MxTiles(DOT, 16, 32, 32, split_k=3)),
+    (4, 64, 256, MxTiles(DOT, 16, 32, 64, split_k=2)),   # EVEN: no masks
     (4, 24, 512, None), (1, 24, 512, None),
 ])
 @pytest.mark.parametrize("bias", [False, True])
@@ -53,7 +53,7 @@ def test_skinny_linear_bf16_within_bf16_rounding():
 def test_split_k_counters_are_left_zero_and_results_repeat():
     g = torch.Generator().manual_seed(5)
     w, x = torch.randn(32, 512, generator=g), torch.randn(2, 512, generator=g)
-    for tiles in (SkinnyTiles(GEMV, 2, 16, 64, split_k=8), SkinnyTiles(DOT, 16, 16, 64, split_k=4)):
+    for tiles in (MxTiles(GEMV, 2, 16, 64, split_k=8), MxTiles(DOT, 16, 16, 64, split_k=4)):
         first = skinny_linear(x, w, tiles=tiles)
         assert not split_counters(x.device).any()
         assert torch.equal(skinny_linear(x, w, tiles=tiles), first)
@@ -64,7 +64,7 @@ def test_each_weight_reaches_its_output():
     """One weight changed: only its output column moves, by its input times the change."""
     g = torch.Generator().manual_seed(3)
     w, x = torch.randn(32, 256, generator=g), torch.randn(1, 256, generator=g)
-    for tiles in (SkinnyTiles(GEMV, 1, 16, 64, split_k=2), SkinnyTiles(DOT, 16, 16, 64, split_k=2)):
+    for tiles in (MxTiles(GEMV, 1, 16, 64, split_k=2), MxTiles(DOT, 16, 16, 64, split_k=2)):
         y = skinny_linear(x, w, tiles=tiles)
         w2 = w.clone()
         w2[5, 200] += 1.0
@@ -76,9 +76,9 @@ def test_each_weight_reaches_its_output():
 def test_refuses_more_rows_than_its_block_and_a_k_it_cannot_split():
     w = torch.randn(16, 64)
     with pytest.raises(ValueError, match="at most block_m"):
-        skinny_linear(torch.randn(3, 64), w, tiles=SkinnyTiles(GEMV, 2, 16, 64))
+        skinny_linear(torch.randn(3, 64), w, tiles=MxTiles(GEMV, 2, 16, 64))
     with pytest.raises(ValueError, match="does not divide K"):
-        skinny_linear(torch.randn(1, 64), w, tiles=SkinnyTiles(DOT, 16, 16, 64, split_k=2))
+        skinny_linear(torch.randn(1, 64), w, tiles=MxTiles(DOT, 16, 16, 64, split_k=2))
 
 
 def test_supported_only_for_few_rows_of_one_plain_dtype():
@@ -102,7 +102,7 @@ def test_tiles_at_rank_shapes_follow_the_h200_sweep():
                       (6144, 384): 1}
     for (n, k), split in splits.items():
         t = skinny_tiles(1, n, k)
-        assert t.kernel is DOT and k % (split * t.block_k) == 0 and t.grid(n)[0] * split <= PER_SM[DOT] * 132
+        assert t.kernel is DOT and k % (split * t.block_k) == 0 and t.grid(1, n)[0] * split <= PER_SM[DOT] * 132
     assert skinny_tiles(1, 6144, 384).block_k == 64  # K 384: six steps of 64
     gated = skinny_tiles(1, 384, 6144, gated=True)  # shared gate|up with its activation: half the columns
     assert (gated.kernel, gated.block_n, gated.split_k) == (DOT, 32, 8)
@@ -111,8 +111,8 @@ def test_tiles_at_rank_shapes_follow_the_h200_sweep():
 
 
 @pytest.mark.parametrize("activation", list(MoeActivation))
-@pytest.mark.parametrize("m, tiles", [(1, None), (3, SkinnyTiles(DOT, 16, 16, 64, split_k=2)),
-                                      (2, SkinnyTiles(DOT, 16, 32, 32, split_k=1))])
+@pytest.mark.parametrize("m, tiles", [(1, None), (3, MxTiles(DOT, 16, 16, 64, split_k=2)),
+                                      (2, MxTiles(DOT, 16, 32, 32, split_k=1))])
 def test_gated_matches_gemm_then_activation(activation, m, tiles):
     """act(x W_gate^T, x W_up^T) from one fused gate|up weight [2I, K] (ragged I = 40), split or not."""
     g = torch.Generator().manual_seed(m + 3)
@@ -131,7 +131,7 @@ def test_add_joins_in_the_epilogue():
     g = torch.Generator().manual_seed(9)
     w, x = torch.randn(40, 128, generator=g), torch.randn(3, 128, generator=g)
     add = torch.randn(3, 80, generator=g)[:, ::2]  # strided rows and columns: copied to rows
-    for tiles in (SkinnyTiles(DOT, 16, 16, 64, split_k=2), SkinnyTiles(GEMV, 4, 16, 64)):
+    for tiles in (MxTiles(DOT, 16, 16, 64, split_k=2), MxTiles(GEMV, 4, 16, 64)):
         got = skinny_linear(x, w, tiles=tiles, add=add)
         assert torch.allclose(got.double(), _want(x, w) + add.double(), atol=1e-4, rtol=1e-4)
     with pytest.raises(ValueError, match="a bias or an add"):
