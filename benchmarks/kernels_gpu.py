@@ -456,7 +456,7 @@ def tuning_jobs(pools, moes, sh, dev, gen):
     """Alternatives to the default launch configs: attention tiles, MoE tile sizes."""
     pool, ctx = pools.get("bf16"), sh.contexts[len(sh.contexts) // 2]
     for batch in (sh.batches[0], sh.batches[-1]) if pool is not None else ():
-        for tile in (t for t in (16, 32, 64) if t <= sh.page):
+        for tile in (t for t in (32, 64, 128) if t <= sh.page):
             yield f"attn tile {tile} B{batch}", partial(
                 attention_timing, pool, "bf16", sh, dev, gen, batch, ctx, 1, tile, "attn-tile")
     for setup in moes[1:]:  # all-local EP and TP

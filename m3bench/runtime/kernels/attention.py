@@ -33,6 +33,11 @@ from m3bench.runtime.kernels.kv_quant import KVFormat, PagedTensor, kv_format_of
 
 MAX_SEGMENTS = 128
 MIN_TILES_PER_SEGMENT = 4
+WHOLE_PAGE_ROWS = 32  # programs of up to this many rows may step a whole page (128 keys); more keep 64
+TILE_BY_PROGRAMS = {False: ((16, 128), (4, 64)), True: ((64, 128), (32, 64))}  # (dense | sparse): (programs, keys)
+#   before splitting: fewer programs split the keys over more segments, and shorter steps win there. Measured on
+#   the H200 (performance.md 2d): whole pages 0.78-0.92x the 64-key step's time from 16 programs (dense) / 64
+#   (MSA), 32 keys 0.9-0.97x at 1 program; 32 keys otherwise
 
 
 @dataclass(frozen=True)
@@ -84,7 +89,7 @@ def plan_attention(q, k_cache, block_tables, max_query_len, selected_blocks, num
     block_m = max(block_m, next_pow2(group))
     block_q = 1 if sparse else block_m // group
     n_qblk = max(1, max_query_len) if sparse else math.ceil(max(1, max_query_len) / block_q)
-    tile = tile or min(page, 64)
+    tile = tile or default_tile(page, block_m, n_req * n_qblk * hkv, sparse)
     if sparse:
         max_iters = selected_blocks.shape[-1] * (page // tile)
     else:
@@ -94,6 +99,14 @@ def plan_attention(q, k_cache, block_tables, max_query_len, selected_blocks, num
         num_segments = min(MAX_SEGMENTS, max(1, target_programs(q) // programs),
                            max(1, max_iters // MIN_TILES_PER_SEGMENT))
     return AttnLaunch(block_m, block_q, n_qblk, tile, prev_pow2(num_segments))
+
+
+def default_tile(page: int, block_m: int, programs: int, sparse: bool) -> int:
+    """Keys a program steps over at once (TILE_BY_PROGRAMS), at most a page."""
+    if block_m > WHOLE_PAGE_ROWS:
+        return min(page, 64)
+    keys = next((k for at_least, k in TILE_BY_PROGRAMS[sparse] if programs >= at_least), 32)
+    return min(page, keys)
 
 
 def _launch_attention(q, k_cache, v_cache, block_tables, seq_lens, qsl, scale, sel, out, launch):

@@ -12,7 +12,14 @@ With SPLIT (n_seg > 1) each program writes a normalized partial output and its l
 import triton
 import triton.language as tl
 
-from m3bench.runtime.kernels.kv_tiles_triton import dot_operand, kv_tile_factor, load_kv_tile, mma
+from m3bench.runtime.kernels.kv_tiles_triton import (
+    dot_operand,
+    kv_tile_factor,
+    load_halves,
+    load_kv_tile,
+    load_nvfp4_halves,
+    mma,
+)
 
 NEG_BIG = tl.constexpr(-1.0e30)
 
@@ -58,8 +65,14 @@ def paged_attn_kernel(
     pos = seq_len - q_len + t
     head = h * G + rows % G
     cols = tl.arange(0, D)
-    q = tl.load(q_ptr + tok[:, None] * s_qt + head[:, None] * s_qh + cols[None, :], mask=row_ok[:, None], other=0.0)
-    q = dot_operand(q, FMT, F32)  # fp16 against FP8 / NVFP4 tiles
+    q_row = q_ptr + tok * s_qt + head * s_qh
+    if FMT == 2:  # NVFP4: every dot over the head dim in even and odd halves, as the tiles decode
+        q_even, q_odd = load_halves(q_row, row_ok, D)
+        q_even = dot_operand(q_even, FMT, F32)
+        q_odd = dot_operand(q_odd, FMT, F32)
+    else:
+        q = tl.load(q_row[:, None] + cols[None, :], mask=row_ok[:, None], other=0.0)
+        q = dot_operand(q, FMT, F32)  # fp16 against FP8 tiles
 
     SUB: tl.constexpr = PAGE // TILE
     if SPARSE:
@@ -76,7 +89,11 @@ def paged_attn_kernel(
 
     m_i = tl.full([BLOCK_M], NEG_BIG, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    if FMT == 2:
+        acc_even = tl.zeros([BLOCK_M, D // 2], tl.float32)
+        acc_odd = tl.zeros([BLOCK_M, D // 2], tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, D], tl.float32)
     toks = tl.arange(0, TILE)
     for it in range(it_lo, it_hi):
         start, limit = _tile_start(it, sel_row, seq_len, SPARSE, SUB, PAGE, TILE)
@@ -84,19 +101,31 @@ def paged_attn_kernel(
         kmask = kpos < limit
         page = tl.load(bt_ptr + b * s_bt + start // PAGE).to(tl.int64)
         off = (start % PAGE + toks).to(tl.int64)
-        k = load_kv_tile(k_ptr, ks_ptr, page * s_kp + h * s_kh + off * s_kt,
-                         page * s_ksp + h * s_ksh + off * s_kst, kmask, FMT, TILE, D, ASM)
-        v = load_kv_tile(v_ptr, vs_ptr, page * s_vp + h * s_vh + off * s_vt,
-                         page * s_vsp + h * s_vsh + off * s_vst, kmask, FMT, TILE, D, ASM)
-        s = mma(q, tl.trans(k), F32) * s_scale
+        k_off, ks_off = page * s_kp + h * s_kh + off * s_kt, page * s_ksp + h * s_ksh + off * s_kst
+        v_off, vs_off = page * s_vp + h * s_vh + off * s_vt, page * s_vsp + h * s_vsh + off * s_vst
+        if FMT == 2:
+            k_even, k_odd = load_nvfp4_halves(k_ptr, ks_ptr, k_off, ks_off, kmask, TILE, D, ASM)
+            v_even, v_odd = load_nvfp4_halves(v_ptr, vs_ptr, v_off, vs_off, kmask, TILE, D, ASM)
+            s = (mma(q_even, tl.trans(k_even), F32) + mma(q_odd, tl.trans(k_odd), F32)) * s_scale
+        else:
+            k = load_kv_tile(k_ptr, ks_ptr, k_off, ks_off, kmask, FMT, TILE, D, ASM)
+            v = load_kv_tile(v_ptr, vs_ptr, v_off, vs_off, kmask, FMT, TILE, D, ASM)
+            s = mma(q, tl.trans(k), F32) * s_scale
         ok = row_ok[:, None] & kmask[None, :] & (kpos[None, :] <= pos[:, None])
         m_new = tl.maximum(m_i, tl.max(tl.where(ok, s, NEG_BIG), axis=1))
         p = tl.where(ok, tl.exp2(tl.where(ok, s, NEG_BIG) - m_new[:, None]), 0.0)
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + mma(p.to(q.dtype), v, F32)
+        if FMT == 2:
+            p = p.to(q_even.dtype)
+            acc_even = acc_even * alpha[:, None] + mma(p, v_even, F32)
+            acc_odd = acc_odd * alpha[:, None] + mma(p, v_odd, F32)
+        else:
+            acc = acc * alpha[:, None] + mma(p.to(q.dtype), v, F32)
         m_i = m_new
 
+    if FMT == 2:
+        acc = tl.reshape(tl.join(acc_even, acc_odd), (BLOCK_M, D))
     o = acc * (vgs / tl.where(l_i > 0, l_i, 1.0))[:, None]
     if not SPLIT:
         o_ptrs = o_ptr + tok[:, None] * s_ot + head[:, None] * s_oh + cols[None, :]

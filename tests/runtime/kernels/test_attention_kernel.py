@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from m3bench.runtime.kernels import kv_quant as kq
-from m3bench.runtime.kernels.attention import paged_attention
+from m3bench.runtime.kernels.attention import default_tile, paged_attention
 from m3bench.runtime.kernels.backend import KernelBackend
 from m3bench.runtime.kernels.reference import paged_attention_ref
 
@@ -105,3 +105,24 @@ def test_nvfp4_decode_dense_and_sparse(segments):
     sel = _random_selection(case, topk=4, seed=segments)
     got, want = _run(case, sel=sel, num_segments=segments, max_query_len=6)
     assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fmt", list(kq.KVFormat))
+@pytest.mark.parametrize("tile", [32, 64, 128])
+def test_steps_of_32_64_and_128_keys_at_page_128(fmt, tile):
+    """The key steps the launch rule picks on the GPU, at the real page size: dense and MSA blocks."""
+    case = make_case(20 + tile, q_lens=[1, 3], seq_lens=[300, 200], hq=8, hkv=1, page=128, fmt=fmt)
+    got, want = _run(case, num_segments=2, max_query_len=3, tile=tile)
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
+    sel = _random_selection(case, topk=3, seed=tile)
+    got, want = _run(case, sel=sel, num_segments=2, max_query_len=3, tile=tile)
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("block_m", "programs", "sparse", "want"), [
+    (16, 1, False, 32), (16, 4, False, 64), (16, 16, False, 128), (32, 64, False, 128), (64, 64, False, 64),
+    (16, 16, True, 32), (16, 32, True, 64), (16, 64, True, 128),
+])
+def test_key_step_rule(block_m, programs, sparse, want):
+    assert default_tile(128, block_m, programs, sparse) == want
+    assert default_tile(16, block_m, programs, sparse) == 16  # never more than a page

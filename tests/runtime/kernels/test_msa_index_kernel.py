@@ -62,6 +62,14 @@ def test_quantized_index_keys(fmt):
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("fmt", list(kq.KVFormat))
+def test_whole_page_steps_at_page_128(fmt):
+    # page 128: decode rows score a whole page a step, the 40-token chunk (> WHOLE_PAGE_ROWS rows) 64 keys.
+    case = make_case(13, q_lens=[1, 40], seq_lens=[300, 700], fmt=fmt, hi=1, hkv=1, page=128)
+    got, want = _select(case, topk=3, num_segments=2, max_query_len=40)
+    assert torch.equal(got, want)
+
+
 def test_block_scores_reference_by_brute_force():
     case = make_case(13, q_lens=[2], seq_lens=[35], hi=1, hkv=1)
     scores = msa_block_scores_ref(case.iq, case.ik_cache, case.block_tables, case.seq_lens,
