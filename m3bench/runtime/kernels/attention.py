@@ -20,6 +20,7 @@ import torch
 from m3bench.runtime.kernels import reference
 from m3bench.runtime.kernels.backend import (
     FMT_CODE,
+    WHOLE_PAGE_ROWS,
     KernelBackend,
     cache_kernel_args,
     interpreting,
@@ -33,7 +34,6 @@ from m3bench.runtime.kernels.kv_quant import KVFormat, PagedTensor, kv_format_of
 
 MAX_SEGMENTS = 128
 MIN_TILES_PER_SEGMENT = 4
-WHOLE_PAGE_ROWS = 32  # programs of up to this many rows may step a whole page (128 keys); more keep 64
 TILE_BY_PROGRAMS = {False: ((16, 128), (4, 64)), True: ((64, 128), (32, 64))}  # (dense | sparse): (programs, keys)
 #   before splitting: fewer programs split the keys over more segments, and shorter steps win there. Measured on
 #   the H200 (performance.md 2d): whole pages 0.78-0.92x the 64-key step's time from 16 programs (dense) / 64

@@ -12,14 +12,7 @@ With SPLIT (n_seg > 1) each program writes a normalized partial output and its l
 import triton
 import triton.language as tl
 
-from m3bench.runtime.kernels.kv_tiles_triton import (
-    dot_operand,
-    kv_tile_factor,
-    load_halves,
-    load_kv_tile,
-    load_nvfp4_halves,
-    mma,
-)
+from m3bench.runtime.kernels.kv_tiles_triton import dot_parts, kv_tile_factor, load_kv_parts, load_query, mma
 
 NEG_BIG = tl.constexpr(-1.0e30)
 
@@ -65,14 +58,8 @@ def paged_attn_kernel(
     pos = seq_len - q_len + t
     head = h * G + rows % G
     cols = tl.arange(0, D)
-    q_row = q_ptr + tok * s_qt + head * s_qh
-    if FMT == 2:  # NVFP4: every dot over the head dim in even and odd halves, as the tiles decode
-        q_even, q_odd = load_halves(q_row, row_ok, D)
-        q_even = dot_operand(q_even, FMT, F32)
-        q_odd = dot_operand(q_odd, FMT, F32)
-    else:
-        q = tl.load(q_row[:, None] + cols[None, :], mask=row_ok[:, None], other=0.0)
-        q = dot_operand(q, FMT, F32)  # fp16 against FP8 tiles
+    # NVFP4: every dot over the head dim in even and odd halves, as the tiles decode (q_a, q_b; else q_b is q_a)
+    q_a, q_b = load_query(q_ptr + tok * s_qt + head * s_qh, row_ok, FMT, F32, D)
 
     SUB: tl.constexpr = PAGE // TILE
     if SPARSE:
@@ -103,25 +90,20 @@ def paged_attn_kernel(
         off = (start % PAGE + toks).to(tl.int64)
         k_off, ks_off = page * s_kp + h * s_kh + off * s_kt, page * s_ksp + h * s_ksh + off * s_kst
         v_off, vs_off = page * s_vp + h * s_vh + off * s_vt, page * s_vsp + h * s_vsh + off * s_vst
-        if FMT == 2:
-            k_even, k_odd = load_nvfp4_halves(k_ptr, ks_ptr, k_off, ks_off, kmask, TILE, D, ASM)
-            v_even, v_odd = load_nvfp4_halves(v_ptr, vs_ptr, v_off, vs_off, kmask, TILE, D, ASM)
-            s = (mma(q_even, tl.trans(k_even), F32) + mma(q_odd, tl.trans(k_odd), F32)) * s_scale
-        else:
-            k = load_kv_tile(k_ptr, ks_ptr, k_off, ks_off, kmask, FMT, TILE, D, ASM)
-            v = load_kv_tile(v_ptr, vs_ptr, v_off, vs_off, kmask, FMT, TILE, D, ASM)
-            s = mma(q, tl.trans(k), F32) * s_scale
+        k_a, k_b = load_kv_parts(k_ptr, ks_ptr, k_off, ks_off, kmask, FMT, TILE, D, ASM)
+        v_a, v_b = load_kv_parts(v_ptr, vs_ptr, v_off, vs_off, kmask, FMT, TILE, D, ASM)
+        s = dot_parts(q_a, q_b, k_a, k_b, FMT, F32) * s_scale
         ok = row_ok[:, None] & kmask[None, :] & (kpos[None, :] <= pos[:, None])
         m_new = tl.maximum(m_i, tl.max(tl.where(ok, s, NEG_BIG), axis=1))
         p = tl.where(ok, tl.exp2(tl.where(ok, s, NEG_BIG) - m_new[:, None]), 0.0)
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
+        p = p.to(q_a.dtype)
         if FMT == 2:
-            p = p.to(q_even.dtype)
-            acc_even = acc_even * alpha[:, None] + mma(p, v_even, F32)
-            acc_odd = acc_odd * alpha[:, None] + mma(p, v_odd, F32)
+            acc_even = acc_even * alpha[:, None] + mma(p, v_a, F32)
+            acc_odd = acc_odd * alpha[:, None] + mma(p, v_b, F32)
         else:
-            acc = acc * alpha[:, None] + mma(p.to(q.dtype), v, F32)
+            acc = acc * alpha[:, None] + mma(p, v_a, F32)
         m_i = m_new
 
     if FMT == 2:

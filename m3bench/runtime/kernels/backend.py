@@ -16,6 +16,9 @@ from m3bench.runtime.kernels.kv_quant import (
     kv_format_of,
 )
 
+WHOLE_PAGE_ROWS = 32  # programs of up to this many query rows step a whole KV page (<= 128 keys) at a time in the
+#                       attention and index kernels (their [rows, keys] fp32 scores live in registers); more keep 64
+
 
 class KernelBackend(Enum):
     AUTO = "auto"  # Triton on CUDA tensors, torch elsewhere

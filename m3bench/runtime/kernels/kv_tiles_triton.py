@@ -96,7 +96,7 @@ def load_nvfp4_halves(data_ptr, scale_ptr, row_off, sc_row_off, mask,
     """An NVFP4 tile as two [TILE, D/2] fp16 tiles, its even elements (the low nibbles) and its odd
     ones (the high nibbles), each times its e4m3 block scale (values / 64, as load_kv_tile's).
 
-    A dot over the head dim can take the halves as they come (q_even . even + q_odd . odd, see
+    A dot over the head dim can take the halves as they come (q_even . even + q_odd . odd: dot_parts,
     load_halves): no join + reshape to interleave them, which costs the index kernel ~7% on the H200.
     Element 2i and 2i+1 both sit in block i // 8 of 16 elements: one scale broadcast serves both.
     """
@@ -123,6 +123,39 @@ def load_halves(row_ptr, mask, D: tl.constexpr):
     even = tl.load(row_ptr[:, None] + 2 * half[None, :], mask=mask[:, None], other=0.0)
     odd = tl.load(row_ptr[:, None] + 2 * half[None, :] + 1, mask=mask[:, None], other=0.0)
     return even, odd
+
+
+@triton.jit
+def load_query(row_ptr, mask, FMT: tl.constexpr, F32: tl.constexpr, D: tl.constexpr):
+    """The query rows of dot_parts as dot operands (a, b): NVFP4's even and odd halves, else the whole
+    rows (b is a again)."""
+    if FMT == 2:
+        even, odd = load_halves(row_ptr, mask, D)
+        return dot_operand(even, FMT, F32), dot_operand(odd, FMT, F32)
+    else:
+        q = dot_operand(tl.load(row_ptr[:, None] + tl.arange(0, D)[None, :], mask=mask[:, None], other=0.0), FMT, F32)
+        return q, q
+
+
+@triton.jit
+def load_kv_parts(data_ptr, scale_ptr, row_off, sc_row_off, mask,
+                  FMT: tl.constexpr, TILE: tl.constexpr, D: tl.constexpr, ASM: tl.constexpr):
+    """load_kv_tile's tile as the parts dot_parts takes: NVFP4's even and odd halves
+    (load_nvfp4_halves), else the whole tile (b is a again)."""
+    if FMT == 2:
+        return load_nvfp4_halves(data_ptr, scale_ptr, row_off, sc_row_off, mask, TILE, D, ASM)
+    else:
+        k = load_kv_tile(data_ptr, scale_ptr, row_off, sc_row_off, mask, FMT, TILE, D, ASM)
+        return k, k
+
+
+@triton.jit
+def dot_parts(q_a, q_b, k_a, k_b, FMT: tl.constexpr, F32: tl.constexpr):
+    """[rows, TILE] fp32 dots over the head dim of load_query's rows with load_kv_parts' keys."""
+    if FMT == 2:
+        return mma(q_a, tl.trans(k_a), F32) + mma(q_b, tl.trans(k_b), F32)
+    else:
+        return mma(q_a, tl.trans(k_a), F32)
 
 
 @triton.jit

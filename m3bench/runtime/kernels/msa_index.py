@@ -17,6 +17,7 @@ import torch
 from m3bench.runtime.kernels import reference
 from m3bench.runtime.kernels.backend import (
     FMT_CODE,
+    WHOLE_PAGE_ROWS,
     KernelBackend,
     cache_kernel_args,
     interpreting,
@@ -32,9 +33,6 @@ WAVES_PER_TARGET = 4  # segments for ~4x target_programs: each program streams i
 #                       loads, one valid query row at decode), and more of them per SM hide that; the
 #                       scores are written per block either way, so more segments cost no extra traffic
 MAX_TOPK_CHUNK = 4096  # score rows up to this many blocks stay in registers
-WHOLE_PAGE_ROWS = 32  # up to this many query rows a program scores a whole page (<= 128 keys) a step: on the H200
-#                       at batch 32, 32k-128k, 1.4x faster than 64-key steps for FP8 and NVFP4 keys; more rows
-#                       keep 64 (the [rows, keys] fp32 scores live in registers)
 
 
 def msa_select_blocks(
@@ -78,7 +76,8 @@ def _launch_scores(iq, ik_cache, block_tables, seq_lens, qsl, init_blocks, score
     if n_seg is None:
         n_seg = min(MAX_SEGMENTS, block_tables.shape[1],
                     max(1, WAVES_PER_TARGET * target_programs(iq) // (n_req * n_qblk)))
-    tile = min(page, 128 if block_m <= WHOLE_PAGE_ROWS else 64)
+    tile = min(page, 128 if block_m <= WHOLE_PAGE_ROWS else 64)  # whole pages: 1.4x faster than 64 keys at
+    #                                                            decode on the H200 (B32, 32k-128k, FP8 / NVFP4 keys)
     block_scores_kernel[(n_req * n_qblk, n_seg)](
         iq, data, sc, gs, scores, block_tables, seq_lens, qsl, n_qblk, n_seg,
         iq.stride(0), iq.stride(1), data.stride(0), data.stride(1), sc.stride(0), sc.stride(1),

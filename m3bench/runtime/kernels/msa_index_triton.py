@@ -11,14 +11,7 @@ the TOPK best blocks, sorted (score desc, block id asc), -1 padded.
 import triton
 import triton.language as tl
 
-from m3bench.runtime.kernels.kv_tiles_triton import (
-    dot_operand,
-    kv_tile_factor,
-    load_halves,
-    load_kv_tile,
-    load_nvfp4_halves,
-    mma,
-)
+from m3bench.runtime.kernels.kv_tiles_triton import dot_parts, kv_tile_factor, load_kv_parts, load_query
 
 INIT_SCORE = tl.constexpr(3.0e38)
 NO_BLOCK = tl.constexpr(2147483647)
@@ -47,14 +40,7 @@ def block_scores_kernel(
     tok = (q_start + t).to(tl.int64)
     head = rows % HI
     pos = seq_len - q_len + t
-    q_row = iq_ptr + tok * s_qt + head * s_qh
-    if FMT == 2:  # NVFP4: the dot in even and odd halves, as the tiles decode (load_nvfp4_halves)
-        iq_even, iq_odd = load_halves(q_row, row_ok, D)
-        iq_even = dot_operand(iq_even, FMT, F32)
-        iq_odd = dot_operand(iq_odd, FMT, F32)
-    else:
-        iq = tl.load(q_row[:, None] + tl.arange(0, D)[None, :], mask=row_ok[:, None], other=0.0)
-        iq = dot_operand(iq, FMT, F32)  # fp16 against FP8 tiles
+    iq_a, iq_b = load_query(iq_ptr + tok * s_qt + head * s_qh, row_ok, FMT, F32, D)  # NVFP4: in halves
     gs = kv_tile_factor(ikgs_ptr, FMT)  # NVFP4: the keys' global scale (x 64), applied to each block's max
 
     n_blocks = tl.cdiv(seq_len - q_len + tl.minimum(q_len, (qb + 1) * BLOCK_Q), PAGE)
@@ -76,19 +62,16 @@ def block_scores_kernel(
         kpos = blk * PAGE + off
         k_off = page * s_kp + off.to(tl.int64) * s_kt
         ks_off = page * s_ksp + off.to(tl.int64) * s_kst
-        if FMT == 2:
-            ik_even, ik_odd = load_nvfp4_halves(ik_ptr, iks_ptr, k_off, ks_off, kpos < seq_len, TILE, D, ASM)
-            s = mma(iq_even, tl.trans(ik_even), F32) + mma(iq_odd, tl.trans(ik_odd), F32)
-        else:
-            ik = load_kv_tile(ik_ptr, iks_ptr, k_off, ks_off, kpos < seq_len, FMT, TILE, D, ASM)
-            s = mma(iq, tl.trans(ik), F32)
+        ik_a, ik_b = load_kv_parts(ik_ptr, iks_ptr, k_off, ks_off, kpos < seq_len, FMT, TILE, D, ASM)
+        s = dot_parts(iq_a, iq_b, ik_a, ik_b, FMT, F32)
         ok = kpos[None, :] <= pos[:, None]
         tile_best = tl.max(tl.where(ok, s, float("-inf")), axis=1)
         best = tl.where(sub == 0, tile_best, tl.maximum(best, tile_best))
         fin = tl.where(best > float("-inf"), best * gs, best)  # gs > 0: the max commutes with it
         forced = tl.where((blk < INIT_BLOCKS) & (blk <= local), INIT_SCORE, fin)
         score = tl.where(blk == local, float("inf"), forced)
-        last = (rows * 0 + sub) == SUBS - 1  # the block's last tile stores its score
+        last = (rows * 0 + sub) == SUBS - 1  # the block's last tile stores its score (a [BLOCK_M] mask: the
+        #                                       interpreter refuses a scalar one beside a block)
         tl.store(out_row + blk, score, mask=row_ok & last)
 
 
