@@ -176,7 +176,7 @@ def fused_moe(
         sorted_ids, block_expert, n_post = moe_align(ids, n_exp, tiles.block_m, n_shared)
     else:  # aligned by the router's kernel for these tiles
         sorted_ids, block_expert, n_post = alignment.sorted_ids, alignment.block_expert, alignment.n_post
-    inter = x.new_empty((sorted_ids.shape[0], w_gate.shape[1]))
+    inter = x.new_empty((sorted_ids.shape[0], w_gate.shape[1]), dtype=_inter_dtype(x, scales, activation))
     _launch_gate_up(x, w_gate, w_up, inter, sorted_ids, block_expert, n_post, top_k, activation,
                     alpha, limit, tiles, scales, shared)
     y = x.new_empty((n_tok * top_k + n_shared, w_down.shape[1]), dtype=torch.float32)
@@ -185,6 +185,16 @@ def fused_moe(
     out = torch.empty_like(x) if out is None else out
     _launch_sum(y, ids, out, n_exp, top_k, shared is not None)
     return out
+
+
+def _inter_dtype(x: torch.Tensor, scales: MoeScales | None, activation: MoeActivation) -> torch.dtype:
+    """The gate|up output's dtype: fp16 where the down GEMM's MXFP8 sub-dots run in fp16 (mxfp8_triton.act_block)
+    and the activation bounds it (swigluoai: |h| <= limit * (limit + 1), far below fp16's 65504; fp16 also keeps
+    3 more mantissa bits than bf16), else x's."""
+    mxfp8 = scales is not None and scales.gate_global is None
+    if mxfp8 and x.dtype == torch.bfloat16 and activation is MoeActivation.SWIGLUOAI and not interpreting():
+        return torch.float16
+    return x.dtype
 
 
 def fused_moe_reference(x, w_gate, w_up, w_down, topk_ids, topk_weights, activation, alpha, limit, out=None,

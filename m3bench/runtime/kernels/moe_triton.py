@@ -17,7 +17,7 @@ import triton.language as tl
 
 from m3bench.runtime.kernels.kv_tiles_triton import mma
 from m3bench.runtime.kernels.moe_quant_triton import pair_block, swiglu
-from m3bench.runtime.kernels.mxfp8_triton import mx_dot, nv_weight_tile
+from m3bench.runtime.kernels.mxfp8_triton import MX_BLOCK, act_block, mx_block_steps, mx_blocks, mx_dot, nv_weight_tile
 
 
 @triton.jit(do_not_specialize=["n_pairs", "n_shared"])
@@ -112,13 +112,26 @@ def moe_gate_up_kernel(
     n_ok = n < n_lim
     acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    G: tl.constexpr = BLOCK_K // MX_BLOCK
+    if FMT == 1:  # MXFP8 scales, each K step's loaded one step ahead
+        sg_rows, su_rows = sg_ptr + e * s_sge + n * s_sgn, su_ptr + e * s_sue + n * s_sun
+        steps_g = mx_block_steps(sg_rows, n_ok, k_lo, H, G)
+        steps_u = mx_block_steps(su_rows, n_ok, k_lo, H, G)
     for k0 in range(k_lo, k_hi, BLOCK_K):
-        if FMT == 1:  # MXFP8: 32-wide sub-dots, each scaled by its E8M0 block
-            a_rows = x_ptr + tok[:, None] * s_xt
-            acc_g = mx_dot(acc_g, a_rows, wg_ptr + e * s_ge + n[:, None] * s_gn, sg_ptr + e * s_sge, s_sgn, n, n_ok,
-                           row_ok, k0, H, F32, BLOCK_K)
-            acc_u = mx_dot(acc_u, a_rows, wu_ptr + e * s_ue + n[:, None] * s_un, su_ptr + e * s_sue, s_sun, n, n_ok,
-                           row_ok, k0, H, F32, BLOCK_K)
+        if FMT == 1:  # MXFP8: 32-wide sub-dots, each scaled by its E8M0 block; one activation block for both
+            next_g = mx_block_steps(sg_rows, n_ok, k0 + BLOCK_K, H, G)
+            next_u = mx_block_steps(su_rows, n_ok, k0 + BLOCK_K, H, G)
+            kf = k0 + tl.arange(0, BLOCK_K)
+            wf_ok = n_ok[:, None] & (kf < H)[None, :]
+            qg = mx_blocks(tl.load(wg_ptr + e * s_ge + n[:, None] * s_gn + kf[None, :], mask=wf_ok, other=0.0), G)
+            qu = mx_blocks(tl.load(wu_ptr + e * s_ue + n[:, None] * s_un + kf[None, :], mask=wf_ok, other=0.0), G)
+            for j in tl.static_range(G):
+                kk = k0 + j * MX_BLOCK + tl.arange(0, MX_BLOCK)
+                k_ok = kk < H
+                a = act_block(x_ptr + tok[:, None] * s_xt, kk, row_ok[:, None] & k_ok[None, :], F32)
+                acc_g += mma(a, tl.trans(qg[j]).to(a.dtype), F32) * steps_g[j][None, :]
+                acc_u += mma(a, tl.trans(qu[j]).to(a.dtype), F32) * steps_u[j][None, :]
+            steps_g, steps_u = next_g, next_u
         else:
             kk = k0 + tl.arange(0, BLOCK_K)
             k_ok = kk < H
@@ -191,10 +204,15 @@ def moe_down_kernel(
     n_ok = n < H
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     rows = slots[:, None].to(tl.int64) * s_it
+    if FMT == 1:  # MXFP8 scales, each K step's loaded one step ahead
+        sd_rows = sd_ptr + e * s_sde + n * s_sdn
+        steps = mx_block_steps(sd_rows, n_ok, 0, I, BLOCK_K // MX_BLOCK)
     for k0 in range(0, k_end, BLOCK_K):
         if FMT == 1:  # MXFP8: 32-wide sub-dots, each scaled by its E8M0 block
-            acc = mx_dot(acc, inter_ptr + rows, wd_ptr + e * s_de + n[:, None] * s_dn, sd_ptr + e * s_sde, s_sdn, n,
-                         n_ok, row_ok, k0, I, F32, BLOCK_K)
+            next_steps = mx_block_steps(sd_rows, n_ok, k0 + BLOCK_K, I, BLOCK_K // MX_BLOCK)
+            acc = mx_dot(acc, inter_ptr + rows, wd_ptr + e * s_de + n[:, None] * s_dn, steps, n_ok, row_ok, k0, I,
+                         F32, BLOCK_K)
+            steps = next_steps
         else:
             kk = k0 + tl.arange(0, BLOCK_K)
             k_ok = kk < k_end

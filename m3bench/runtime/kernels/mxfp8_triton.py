@@ -11,22 +11,74 @@ import triton.language as tl
 from m3bench.runtime.kernels.kv_tiles_triton import mma
 
 MX_BLOCK = tl.constexpr(32)
-E8M0_BIAS = tl.constexpr(127.0)
 NV_BLOCK = tl.constexpr(16)
 
 
 @triton.jit
-def mx_dot(acc, a_rows, w_rows, s_base, s_sn, n, n_ok, row_ok, k0, K, F32: tl.constexpr, BLOCK_K: tl.constexpr):
-    """acc + a[:, k0:k0+BLOCK_K] . dequant(w)[n, k0:k0+BLOCK_K]^T as one 32-wide sub-dot per E8M0 block: the
-    block's power of two scales the fp32 partial (exact), so no per-element scale gather or exp2.
-    `a_rows` [BLOCK_M, 1] and `w_rows` [BLOCK_N, 1] point at the rows' starts."""
+def mx_block_steps(s_rows, n_ok, k0, K, G: tl.constexpr):
+    """The powers of two 2**(s - 127) of the G (1, 2 or 4) E8M0 blocks at inputs k0.. of the rows whose scales
+    start at s_rows [BLOCK_N]: a 4-tuple of fp32 [BLOCK_N] (G < 4: the tuple repeats), 0 past K. One load of
+    G bytes a row; the caller loads the next K step's while this one's sub-dots run (the pipeliner moves only
+    the tiles). As the fp32 bit pattern s << 23: no exp2."""
+    blk = k0 // MX_BLOCK + tl.arange(0, G)
+    raw = tl.load(s_rows[:, None] + blk[None, :], mask=n_ok[:, None] & (blk * MX_BLOCK < K)[None, :], other=0)
+    f = (raw.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+    if G == 1:
+        s0 = tl.reshape(f, (f.shape[0],))
+        return s0, s0, s0, s0
+    elif G == 2:
+        s0, s1 = tl.split(f)
+        return s0, s1, s0, s1
+    else:
+        even, odd = tl.split(tl.reshape(f, (f.shape[0], 2, 2)))  # [:, 0::2] and [:, 1::2]
+        s0, s2 = tl.split(even)
+        s1, s3 = tl.split(odd)
+        return s0, s1, s2, s3
+
+
+@triton.jit
+def act_block(a_rows, kk, a_ok, F32: tl.constexpr):
+    """Activations [BLOCK_M, 32] at inputs kk as the sub-dot's operand: fp16 (exact for bf16 values of
+    magnitude 2**-14 .. 65504; smaller ones keep 2**-24 absolute precision), so that the fp8 weights need one
+    conversion (e4m3 -> f16, two a instruction; e4m3 -> bf16 costs four); fp32 with F32."""
+    a = tl.load(a_rows + kk[None, :], mask=a_ok, other=0.0)
+    if F32:
+        return a.to(tl.float32)
+    else:
+        return a.to(tl.float16)
+
+
+@triton.jit
+def mx_blocks(w, G: tl.constexpr):
+    """A weight tile [BLOCK_N, 32 G] (loaded whole: full 128-byte rows a request, where four 32-byte loads
+    would each touch a line per row) as its G (1, 2 or 4) 32-wide column blocks: a 4-tuple (G < 4 repeats).
+    The splits fold into the shared-memory reads of the dot operands (no extra data movement in the sm90 SASS)."""
+    if G == 1:
+        return w, w, w, w
+    elif G == 2:
+        lo, hi = tl.split(tl.permute(tl.reshape(w, (w.shape[0], 2, 32)), (0, 2, 1)))
+        return lo, hi, lo, hi
+    else:
+        w4 = tl.permute(tl.reshape(w, (w.shape[0], 2, 2, 32)), (0, 3, 1, 2))  # [n, i, h, q]: k = 64 h + 32 q + i
+        q0, q1 = tl.split(w4)
+        w0, w2 = tl.split(q0)
+        w1, w3 = tl.split(q1)
+        return w0, w1, w2, w3
+
+
+@triton.jit
+def mx_dot(acc, a_rows, w_rows, steps, n_ok, row_ok, k0, K, F32: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc + a[:, k0:k0+BLOCK_K] . dequant(w)[n, k0:k0+BLOCK_K]^T as one 32-wide sub-dot per E8M0 block (the
+    weight tile loaded whole, mx_blocks), each fp32 partial scaled by its block's power of two (steps:
+    mx_block_steps at k0; exact), so no per-element scale. `a_rows` [BLOCK_M, 1] and `w_rows` [BLOCK_N, 1] point
+    at the rows' starts."""
+    kf = k0 + tl.arange(0, BLOCK_K)
+    w = mx_blocks(tl.load(w_rows + kf[None, :], mask=n_ok[:, None] & (kf < K)[None, :], other=0.0),
+                  BLOCK_K // MX_BLOCK)
     for j in tl.static_range(BLOCK_K // MX_BLOCK):
         kk = k0 + j * MX_BLOCK + tl.arange(0, MX_BLOCK)
-        k_ok = kk < K
-        a = tl.load(a_rows + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        w = tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        s = tl.load(s_base + n * s_sn + (k0 // MX_BLOCK + j), mask=n_ok & (k0 + j * MX_BLOCK < K), other=127)
-        acc += mma(a, tl.trans(w), F32) * tl.exp2(s.to(tl.float32) - E8M0_BIAS)[None, :]
+        a = act_block(a_rows, kk, row_ok[:, None] & (kk < K)[None, :], F32)
+        acc += mma(a, tl.trans(w[j]).to(a.dtype), F32) * steps[j][None, :]
     return acc
 
 
@@ -61,8 +113,12 @@ def mxfp8_linear_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     a_rows = x_ptr + m[:, None].to(tl.int64) * s_xm
     w_rows = w_ptr + n[:, None].to(tl.int64) * s_wn
+    s_rows = s_ptr + n.to(tl.int64) * s_sn
+    steps = mx_block_steps(s_rows, n_ok, k_start, K, BLOCK_K // MX_BLOCK)
     for k0 in range(k_start, k_start + K_SPLIT, BLOCK_K):
-        acc = mx_dot(acc, a_rows, w_rows, s_ptr, s_sn, n, n_ok, m_ok, k0, K, F32, BLOCK_K)
+        next_steps = mx_block_steps(s_rows, n_ok, k0 + BLOCK_K, K, BLOCK_K // MX_BLOCK)
+        acc = mx_dot(acc, a_rows, w_rows, steps, n_ok, m_ok, k0, K, F32, BLOCK_K)
+        steps = next_steps
     if HAS_BIAS:
         acc += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     out = y_ptr + tl.program_id(2).to(tl.int64) * s_split + m[:, None].to(tl.int64) * s_ym + n[None, :]
