@@ -191,8 +191,7 @@ def _inter_dtype(x: torch.Tensor, scales: MoeScales | None, activation: MoeActiv
     """The gate|up output's dtype: fp16 where the down GEMM's MXFP8 sub-dots run in fp16 (mxfp8_triton.act_block)
     and the activation bounds it (swigluoai: |h| <= limit * (limit + 1), far below fp16's 65504; fp16 also keeps
     3 more mantissa bits than bf16), else x's."""
-    mxfp8 = scales is not None and scales.gate_global is None
-    if mxfp8 and x.dtype == torch.bfloat16 and activation is MoeActivation.SWIGLUOAI and not interpreting():
+    if _fmt_code(scales) == 1 and x.dtype == torch.bfloat16 and activation is MoeActivation.SWIGLUOAI and not interpreting():
         return torch.float16
     return x.dtype
 

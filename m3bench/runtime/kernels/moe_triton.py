@@ -17,7 +17,15 @@ import triton.language as tl
 
 from m3bench.runtime.kernels.kv_tiles_triton import mma
 from m3bench.runtime.kernels.moe_quant_triton import pair_block, swiglu
-from m3bench.runtime.kernels.mxfp8_triton import MX_BLOCK, act_block, mx_block_steps, mx_blocks, mx_dot, nv_weight_tile
+from m3bench.runtime.kernels.mxfp8_triton import (
+    MX_BLOCK,
+    act_block,
+    mx_block_steps,
+    mx_dot,
+    mx_subdot,
+    mx_weight_blocks,
+    nv_weight_tile,
+)
 
 
 @triton.jit(do_not_specialize=["n_pairs", "n_shared"])
@@ -121,16 +129,13 @@ def moe_gate_up_kernel(
         if FMT == 1:  # MXFP8: 32-wide sub-dots, each scaled by its E8M0 block; one activation block for both
             next_g = mx_block_steps(sg_rows, n_ok, k0 + BLOCK_K, H, G)
             next_u = mx_block_steps(su_rows, n_ok, k0 + BLOCK_K, H, G)
-            kf = k0 + tl.arange(0, BLOCK_K)
-            wf_ok = n_ok[:, None] & (kf < H)[None, :]
-            qg = mx_blocks(tl.load(wg_ptr + e * s_ge + n[:, None] * s_gn + kf[None, :], mask=wf_ok, other=0.0), G)
-            qu = mx_blocks(tl.load(wu_ptr + e * s_ue + n[:, None] * s_un + kf[None, :], mask=wf_ok, other=0.0), G)
+            qg = mx_weight_blocks(wg_ptr + e * s_ge + n[:, None] * s_gn, n_ok, k0, H, BLOCK_K)
+            qu = mx_weight_blocks(wu_ptr + e * s_ue + n[:, None] * s_un, n_ok, k0, H, BLOCK_K)
             for j in tl.static_range(G):
                 kk = k0 + j * MX_BLOCK + tl.arange(0, MX_BLOCK)
-                k_ok = kk < H
-                a = act_block(x_ptr + tok[:, None] * s_xt, kk, row_ok[:, None] & k_ok[None, :], F32)
-                acc_g += mma(a, tl.trans(qg[j]).to(a.dtype), F32) * steps_g[j][None, :]
-                acc_u += mma(a, tl.trans(qu[j]).to(a.dtype), F32) * steps_u[j][None, :]
+                a = act_block(x_ptr + tok[:, None] * s_xt, kk, row_ok[:, None] & (kk < H)[None, :], F32)
+                acc_g = mx_subdot(acc_g, a, qg[j], steps_g[j], F32)
+                acc_u = mx_subdot(acc_u, a, qu[j], steps_u[j], F32)
             steps_g, steps_u = next_g, next_u
         else:
             kk = k0 + tl.arange(0, BLOCK_K)

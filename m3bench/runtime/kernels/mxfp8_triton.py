@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 
 from m3bench.runtime.kernels.kv_tiles_triton import mma
+from m3bench.runtime.kernels.mx_tiles_triton import e8m0_scale
 
 MX_BLOCK = tl.constexpr(32)
 NV_BLOCK = tl.constexpr(16)
@@ -19,10 +20,10 @@ def mx_block_steps(s_rows, n_ok, k0, K, G: tl.constexpr):
     """The powers of two 2**(s - 127) of the G (1, 2 or 4) E8M0 blocks at inputs k0.. of the rows whose scales
     start at s_rows [BLOCK_N]: a 4-tuple of fp32 [BLOCK_N] (G < 4: the tuple repeats), 0 past K. One load of
     G bytes a row; the caller loads the next K step's while this one's sub-dots run (the pipeliner moves only
-    the tiles). As the fp32 bit pattern s << 23: no exp2."""
+    the tiles). As fp32 bit patterns (mx_tiles_triton.e8m0_scale): no exp2."""
     blk = k0 // MX_BLOCK + tl.arange(0, G)
     raw = tl.load(s_rows[:, None] + blk[None, :], mask=n_ok[:, None] & (blk * MX_BLOCK < K)[None, :], other=0)
-    f = (raw.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+    f = e8m0_scale(raw)
     if G == 1:
         s0 = tl.reshape(f, (f.shape[0],))
         return s0, s0, s0, s0
@@ -67,18 +68,31 @@ def mx_blocks(w, G: tl.constexpr):
 
 
 @triton.jit
+def mx_weight_blocks(w_rows, n_ok, k0, K, BLOCK_K: tl.constexpr):
+    """The fp8 weights of rows w_rows [BLOCK_N, 1] at inputs k0 + [0, BLOCK_K) as their 32-wide blocks (mx_blocks)."""
+    kf = k0 + tl.arange(0, BLOCK_K)
+    w = tl.load(w_rows + kf[None, :], mask=n_ok[:, None] & (kf < K)[None, :], other=0.0)
+    return mx_blocks(w, BLOCK_K // MX_BLOCK)
+
+
+@triton.jit
+def mx_subdot(acc, a, w, step, F32: tl.constexpr):
+    """acc + (a . w^T) * step: one 32-block's fp8 weights w [BLOCK_N, 32] against a (act_block), the fp32 partial
+    scaled by the block's power of two (exact)."""
+    return acc + mma(a, tl.trans(w).to(a.dtype), F32) * step[None, :]
+
+
+@triton.jit
 def mx_dot(acc, a_rows, w_rows, steps, n_ok, row_ok, k0, K, F32: tl.constexpr, BLOCK_K: tl.constexpr):
     """acc + a[:, k0:k0+BLOCK_K] . dequant(w)[n, k0:k0+BLOCK_K]^T as one 32-wide sub-dot per E8M0 block (the
-    weight tile loaded whole, mx_blocks), each fp32 partial scaled by its block's power of two (steps:
+    weight tile loaded whole, mx_weight_blocks), each fp32 partial scaled by its block's power of two (steps:
     mx_block_steps at k0; exact), so no per-element scale. `a_rows` [BLOCK_M, 1] and `w_rows` [BLOCK_N, 1] point
     at the rows' starts."""
-    kf = k0 + tl.arange(0, BLOCK_K)
-    w = mx_blocks(tl.load(w_rows + kf[None, :], mask=n_ok[:, None] & (kf < K)[None, :], other=0.0),
-                  BLOCK_K // MX_BLOCK)
+    w = mx_weight_blocks(w_rows, n_ok, k0, K, BLOCK_K)
     for j in tl.static_range(BLOCK_K // MX_BLOCK):
         kk = k0 + j * MX_BLOCK + tl.arange(0, MX_BLOCK)
         a = act_block(a_rows, kk, row_ok[:, None] & (kk < K)[None, :], F32)
-        acc += mma(a, tl.trans(w[j]).to(a.dtype), F32) * steps[j][None, :]
+        acc = mx_subdot(acc, a, w[j], steps[j], F32)
     return acc
 
 
