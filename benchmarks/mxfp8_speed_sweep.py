@@ -3,10 +3,12 @@ moe_quant.quant_moe_tiles should pick): every candidate checked against fp32, ti
 
     python benchmarks/mxfp8_speed_sweep.py linear     # < 4 min each: the rule's tiles and the best candidate
     python benchmarks/mxfp8_speed_sweep.py moe
+    python benchmarks/mxfp8_speed_sweep.py moe-v1  # the first-generation MXFP8 MoE (what AUTO runs)
 
 Linear rows: qkv+index [1536, 6144] and o_proj [6144, 1024] of a TP8 rank at batch 1, 4, 16, 64 (GEMV and
 dot kernels, BLOCK_N / BLOCK_K / stages / split targets); MoE rows: moe-local (16 experts, every pick local)
-at batch 1, 16, 64 in MXFP8 and NVFP4 (BLOCK_N, BLOCK_K, stages, warps). One line per row:
+at batch 1, 16, 64 in MXFP8 and NVFP4 (BLOCK_N, BLOCK_K, stages, warps); moe-v1 rows: the first generation's
+MoeTiles for MXFP8 experts, moe-local and moe-ep (top-4 over 128) at batch 1, 4, 16, 64. One line per row:
 rule us, best us, the best tiles, % of the 4.0 TB/s floor for both.
 """
 
@@ -27,7 +29,7 @@ from mxfp8_gpu import MX_BYTES, NV_BYTES, Shapes, make_experts, rel_err, routing
 from mxfp8_speed import FLOOR_BYTES_PER_S, copies, linear_weights
 
 from m3bench.runtime.kernels.backend import KernelBackend, next_pow2
-from m3bench.runtime.kernels.moe import fused_moe
+from m3bench.runtime.kernels.moe import MoeTiles, fused_moe, moe_tiles
 from m3bench.runtime.kernels.moe_quant import quant_moe_tiles
 from m3bench.runtime.kernels.mx_linear import MxKernel, MxTiles, block_k_for, mx_tiles, split_for
 from m3bench.runtime.kernels.mxfp8 import mxfp8_linear
@@ -100,18 +102,50 @@ def sweep_moe(sh: Shapes, batches, dev, gen) -> None:
               f"({floor_us / us:4.0%}) {t}", flush=True)
 
 
+def v1_candidates(rule: MoeTiles):
+    """The first generation's tiles around the rule's: BLOCK_N (gate|up, down), stages, warps; BLOCK_M and
+    BLOCK_K (128: four E8M0 blocks a step, the most mx_block_steps takes) as the rule has them."""
+    yield rule
+    for bn, bn_down, st in itertools.product((32, 64, 128), (64, 128), (3, 4)):
+        yield replace(rule, block_n=bn, block_n_down=bn_down, num_stages=st, num_warps=8 if bn == 128 else 4)
+
+
+def sweep_moe_v1(sh: Shapes, batches, dev, gen) -> None:
+    ex = make_experts(sh, dev, gen)
+    weights = ex.mx
+    deq = weights["scales"].dequantized(weights["w_gate"], weights["w_up"], weights["w_down"], torch.float32)
+    for (name, n_choice), b in itertools.product((("moe-local", sh.n_local), ("moe-ep", sh.n_routed)), batches):
+        rs = [routing(b, n_choice, sh, dev, gen) for _ in range(8)]
+        hit = sum(int(torch.unique(r["topk_ids"][r["topk_ids"] >= 0]).numel()) for r in rs) / len(rs)
+        floor_us = hit * 3 * sh.inter * sh.hidden * MX_BYTES / FLOOR_BYTES_PER_S * 1e6
+        x32 = {k: v.float() if v.is_floating_point() else v for k, v in rs[0].items()}
+        want = fused_moe_ref(**x32, w_gate=deq[0], w_up=deq[1], w_down=deq[2])
+        run = lambda t: [lambda r=r: fused_moe(**r, **weights, backend=TRITON, tiles=t) for r in rs]  # noqa: E731
+        check = lambda t: rel_err(fused_moe(**rs[0], **weights, backend=TRITON, tiles=t), want)  # noqa: E731
+        bf = ex.bf16
+        bf_us = time_us([lambda r=r: fused_moe(**r, **bf, backend=TRITON) for r in rs])
+        rule = moe_tiles(b * sh.top_k, sh.n_local, sh.inter, sh.hidden)
+        rule_us = time_us(run(rule))
+        us, t = best_of(v1_candidates(rule), run, check)
+        print(f"{name} mxfp8-v1 B={b}: floor {floor_us:6.1f} bf16 {bf_us:6.1f} | rule {rule_us:7.1f} us "
+              f"({floor_us / rule_us:4.0%}) best {us:7.1f} us ({floor_us / us:4.0%}, {bf_us / us:4.2f}x bf16) {t}",
+              flush=True)
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("no CUDA device: run on the H200", file=sys.stderr)
         return 2
     part = sys.argv[1] if len(sys.argv) > 1 else "linear"
-    if part not in ("linear", "moe"):
-        print(f"unknown part {part!r}: linear or moe", file=sys.stderr)
+    if part not in ("linear", "moe", "moe-v1"):
+        print(f"unknown part {part!r}: linear, moe or moe-v1", file=sys.stderr)
         return 2
     dev, gen = torch.device("cuda"), torch.Generator(device="cuda").manual_seed(0)
     if part == "linear":
         for n, k in ((1536, 6144), (6144, 1024)):
             sweep_linear(n, k, (1, 4, 16, 64), dev, gen)
+    elif part == "moe-v1":
+        sweep_moe_v1(Shapes(), (1, 4, 16, 64), dev, gen)
     else:
         sweep_moe(Shapes(), (1, 16, 64), dev, gen)
     return 0
