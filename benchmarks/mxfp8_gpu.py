@@ -194,7 +194,7 @@ def decode_step_rows(layers_bf16: int, layers_mx: int, batches: tuple[int, ...],
 
     from m3bench.runtime.attention.select import make_backend
     from m3bench.runtime.kv_cache import KVCache, KVDtype
-    from m3bench.runtime.layers.weight_format import LinearFormat
+    from m3bench.runtime.layers.weight_format import LinearFormat, MxLayout, set_mx_layout
     from m3bench.runtime.model import M3ForCausalLM
 
     s, rows = M3Shapes(), []
@@ -204,14 +204,20 @@ def decode_step_rows(layers_bf16: int, layers_mx: int, batches: tuple[int, ...],
         model.init_dummy(0)
         kv = KVCache(cfg, max(batches) * (ctx // s.page + 2) + 1, s.page, KVDtype.FP8, torch.bfloat16, dev)
         fill_random_(kv)
-        for b in batches:
-            meta, ids = decode_meta(s, b, ctx, dev), torch.randint(0, s.vocab, (b,), device=dev)
-            run, graph = graphed(lambda: model.compute_logits(model(ids, meta.positions, meta, kv)), dev)
-            ms = median_ms(run, dev, 3, 20)
-            rows.append({"weights": fmt.value, "layers": layers, "batch": b, "context": ctx, "step_ms": ms,
-                         "ms_per_layer": ms / layers, "cuda_graph": graph})
-            print(f"  {fmt.value:<6} {layers} layers B={b:<3} step {ms:8.3f} ms ({ms / layers:.3f} ms/layer)",
-                  flush=True)
+        layouts = (MxLayout.ROW_MAJOR, MxLayout.BLOCK_MAJOR) if fmt is LinearFormat.MXFP8 else (None,)
+        for layout in layouts:
+            label = fmt.value if layout is None else f"{fmt.value} {layout.value}"
+            if layout is not None:
+                set_mx_layout(model, layout)
+            for b in batches:
+                meta, ids = decode_meta(s, b, ctx, dev), torch.randint(0, s.vocab, (b,), device=dev)
+                run, graph = graphed(lambda: model.compute_logits(model(ids, meta.positions, meta, kv)), dev)
+                ms = median_ms(run, dev, 3, 20)
+                rows.append({"weights": label, "layers": layers, "batch": b, "context": ctx, "step_ms": ms,
+                             "ms_per_layer": ms / layers, "cuda_graph": graph})
+                print(f"  {label:<18} {layers} layers B={b:<3} step {ms:8.3f} ms ({ms / layers:.3f} ms/layer)",
+                      flush=True)
+                del run, graph
         del model, kv
         torch.cuda.empty_cache()
     return rows
@@ -246,6 +252,7 @@ def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tiny", action="store_true", help="tiny shapes (CPU under TRITON_INTERPRET=1)")
     ap.add_argument("--kernels-only", action="store_true", help="skip the decode steps of the rank model")
+    ap.add_argument("--steps-only", action="store_true", help="only the decode steps (after the checks)")
     ap.add_argument("--bf16-layers", type=int, default=40, help="layers of the bf16 rank model (60 do not fit)")
     ap.add_argument("--context", type=int, default=8192)
     ap.add_argument("--json", type=Path, default=None)
@@ -271,10 +278,10 @@ def main(argv=None) -> int:
     bad = {k: v for k, v in checks.items() if v > 2e-2}
     for k, v in checks.items():
         print(f"check {k}: rel err {v:.2e} {'FAIL' if k in bad else 'ok'}", flush=True)
-    rows = kernel_rows(sh, dev, gen)
+    rows = [] if args.steps_only else kernel_rows(sh, dev, gen)
     steps = [] if args.kernels_only or args.tiny else decode_step_rows(args.bf16_layers, 60, (1, 16, 64),
                                                                        args.context, dev)
-    table = markdown_table(rows) + ("\n\n" + step_table(steps) if steps else "")
+    table = (markdown_table(rows) if rows else "") + ("\n\n" + step_table(steps) if steps else "")
     print(table)
     if args.markdown:
         args.markdown.write_text(table + "\n")

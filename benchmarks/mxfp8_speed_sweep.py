@@ -3,7 +3,8 @@ moe_quant.quant_moe_tiles should pick): every candidate checked against fp32, ti
 
     python benchmarks/mxfp8_speed_sweep.py linear     # < 4 min each: the rule's tiles and the best candidate
     python benchmarks/mxfp8_speed_sweep.py moe
-    python benchmarks/mxfp8_speed_sweep.py moe-v1  # the first-generation MXFP8 MoE (what AUTO runs)
+    python benchmarks/mxfp8_speed_sweep.py moe-v1     # the first-generation MXFP8 MoE (what AUTO runs)
+    python benchmarks/mxfp8_speed_sweep.py linear-v1  # its linears at 4 / 16 rows; both: row- and block-major
 
 Linear rows: qkv+index [1536, 6144] and o_proj [6144, 1024] of a TP8 rank at batch 1, 4, 16, 64 (GEMV and
 dot kernels, BLOCK_N / BLOCK_K / stages / split targets); MoE rows: moe-local (16 experts, every pick local)
@@ -28,6 +29,7 @@ from kernels_gpu import time_us
 from mxfp8_gpu import MX_BYTES, NV_BYTES, Shapes, make_experts, rel_err, routing
 from mxfp8_speed import FLOOR_BYTES_PER_S, copies, linear_weights
 
+from m3bench.runtime import quant
 from m3bench.runtime.kernels.backend import KernelBackend, next_pow2
 from m3bench.runtime.kernels.moe import MoeTiles, fused_moe, moe_tiles
 from m3bench.runtime.kernels.moe_quant import quant_moe_tiles
@@ -130,6 +132,41 @@ def sweep_moe_v1(sh: Shapes, batches, dev, gen) -> None:
         print(f"{name} mxfp8-v1 B={b}: floor {floor_us:6.1f} bf16 {bf_us:6.1f} | rule {rule_us:7.1f} us "
               f"({floor_us / rule_us:4.0%}) best {us:7.1f} us ({floor_us / us:4.0%}, {bf_us / us:4.2f}x bf16) {t}",
               flush=True)
+        bm = block_major_experts(weights)
+        bm_check = rel_err(fused_moe(**rs[0], **bm, backend=TRITON, tiles=t), want)
+        bm_us = [time_us([lambda r=r: fused_moe(**r, **bm, backend=TRITON, tiles=tt) for r in rs]) for tt in (rule, t)]
+        print(f"    block-major: rule {bm_us[0]:7.1f} us ({floor_us / bm_us[0]:4.0%}) best tiles {bm_us[1]:7.1f} us "
+              f"({floor_us / bm_us[1]:4.0%}, {bf_us / bm_us[1]:4.2f}x bf16) err {bm_check:.1e}", flush=True)
+
+
+def block_major_experts(weights: dict) -> dict:
+    """The same MXFP8 experts with block-major weights (quant.block_major; gate and up stay views of one tensor)."""
+    gu = quant.block_major(torch.cat([weights["w_gate"], weights["w_up"]], dim=1))
+    i = weights["w_gate"].shape[1]
+    return weights | {"w_gate": gu[:, :i], "w_up": gu[:, i:], "w_down": quant.block_major(weights["w_down"])}
+
+
+def sweep_linear_v1(dev, gen) -> None:
+    """The first-generation MXFP8 linear (what AUTO runs at 2-32 rows), row-major against block-major weights,
+    and bf16 (the skinny kernels at <= 16 rows), at one TP8 rank's shapes."""
+    from m3bench.runtime.kernels.mxfp8 import linear_tiles
+
+    for name, n, k in (("qkv+index", 1920, 6144), ("o_proj", 6144, 1024), ("dense gate|up", 3072, 6144)):
+        ws = linear_weights(n, k, copies(n * k * MX_BYTES), dev, gen)
+        bms = [quant.block_major(w[0]) for w in ws]
+        floor_us = n * k * MX_BYTES / FLOOR_BYTES_PER_S * 1e6
+        for m in (4, 16):
+            xs = [torch.randn(m, k, device=dev, generator=gen).to(torch.bfloat16) for _ in ws]
+            t = linear_tiles(m, n, k)
+            want = F.linear(xs[0].float(), ws[0][2].float())
+            err = rel_err(mxfp8_linear(xs[0], bms[0], ws[0][1], backend=TRITON, tiles=t), want)
+            us = [time_us([lambda x=x, w=w, b=b: f(x, w, b) for x, w, b in zip(xs, ws, bms)]) for f in (
+                lambda x, w, b: F.linear(x, w[2]),
+                lambda x, w, b: mxfp8_linear(x, w[0], w[1], backend=TRITON, tiles=t),
+                lambda x, w, b: mxfp8_linear(x, b, w[1], backend=TRITON, tiles=t))]
+            print(f"{name} M={m}: floor {floor_us:5.1f} | bf16 {us[0]:6.1f} | v1 row-major {us[1]:6.1f} "
+                  f"({floor_us / us[1]:4.0%}) | block-major {us[2]:6.1f} ({floor_us / us[2]:4.0%}) err {err:.1e}",
+                  flush=True)
 
 
 def main() -> int:
@@ -137,8 +174,8 @@ def main() -> int:
         print("no CUDA device: run on the H200", file=sys.stderr)
         return 2
     part = sys.argv[1] if len(sys.argv) > 1 else "linear"
-    if part not in ("linear", "moe", "moe-v1"):
-        print(f"unknown part {part!r}: linear, moe or moe-v1", file=sys.stderr)
+    if part not in ("linear", "moe", "moe-v1", "linear-v1"):
+        print(f"unknown part {part!r}: linear, moe, moe-v1 or linear-v1", file=sys.stderr)
         return 2
     dev, gen = torch.device("cuda"), torch.Generator(device="cuda").manual_seed(0)
     if part == "linear":
@@ -146,6 +183,8 @@ def main() -> int:
             sweep_linear(n, k, (1, 4, 16, 64), dev, gen)
     elif part == "moe-v1":
         sweep_moe_v1(Shapes(), (1, 4, 16, 64), dev, gen)
+    elif part == "linear-v1":
+        sweep_linear_v1(dev, gen)
     else:
         sweep_moe(Shapes(), (1, 16, 64), dev, gen)
     return 0

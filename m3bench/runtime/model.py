@@ -30,7 +30,7 @@ from m3bench.runtime.layers.mlp import GatedMLP
 from m3bench.runtime.layers.moe import SparseMoe
 from m3bench.runtime.layers.norm import RMSNorm, neutral_value
 from m3bench.runtime.layers.rotary import RotaryEmbedding
-from m3bench.runtime.layers.weight_format import LinearFormat, fill_mxfp8, fill_nvfp4, linear_format
+from m3bench.runtime.layers.weight_format import LinearFormat, fill_mxfp8, fill_nvfp4, linear_format, mx_loading
 from m3bench.runtime.parallel import SINGLE, TPGroup, vocab_parallel_embedding
 
 
@@ -141,6 +141,10 @@ class M3ForCausalLM(nn.Module):
     @torch.no_grad()
     def load_weights(self, reader) -> None:
         """Fill every parameter through `reader.get(name, dtype=..., shard=...)` (CheckpointReader)."""
+        with mx_loading(self):
+            self._load_slots(reader)
+
+    def _load_slots(self, reader) -> None:
         for slot in self.weight_slots():
             if slot.scale_2 is not None:  # NVFP4 as stored (other formats are converted once, here)
                 data, scale, glob = reader.get_nvfp4(slot.name, shard=self._shard(slot))
@@ -169,8 +173,9 @@ class M3ForCausalLM(nn.Module):
         wanted = {s.name for s in slots}
         others = {n for n in weights if ".moe.experts." in n and n not in wanted} if self.ep.world > 1 else set()
         _check_names(wanted, set(weights) - others, self.cfg.tie_word_embeddings)  # others: other ranks' experts
-        for slot in slots:
-            _fill(slot, self._local(weights[slot.name], slot))
+        with mx_loading(self):
+            for slot in self.weight_slots():
+                _fill(slot, self._local(weights[slot.name], slot))
 
     def _local(self, full: torch.Tensor, slot: WeightSlot) -> torch.Tensor:
         if slot.shard_dim is None or self.tp.world == 1:
@@ -182,13 +187,14 @@ class M3ForCausalLM(nn.Module):
     @torch.no_grad()
     def init_dummy(self, seed: int = 0) -> None:
         """Random weights for benchmarking: matrices N(0, 1/fan_in), norms near neutral, never zeros."""
-        if self.ep.world > 1:  # every rank draws each full tensor from its own seed, then keeps its shard
+        with mx_loading(self):
+            if self.ep.world > 1:  # every rank draws each full tensor from its own seed, then keeps its shard
+                for slot in self.weight_slots():
+                    self._dummy_shard(slot, seed)
+                return
+            g = torch.Generator(device=self.device).manual_seed(seed)
             for slot in self.weight_slots():
-                self._dummy_shard(slot, seed)
-            return
-        g = torch.Generator(device=self.device).manual_seed(seed)
-        for slot in self.weight_slots():
-            _dummy_fill(slot, self.cfg, g)
+                _dummy_fill(slot, self.cfg, g)
 
     def _dummy_shard(self, slot: WeightSlot, seed: int) -> None:
         shape = list(canonical_shape(slot))

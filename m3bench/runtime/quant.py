@@ -43,10 +43,25 @@ def unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
 
 
 def dequant_mxfp8(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """float8_e4m3fn [out, in] with E8M0 [out, in/32] -> dtype [out, in]."""
+    """float8_e4m3fn [out, in] (or its block-major view [out, in/32, 32]) with E8M0 [out, in/32] -> dtype [out, in]."""
+    if weight.dim() == scale.dim() + 1:
+        weight = row_major(weight)
     _check_blocks(weight.shape, scale.shape, MX_BLOCK, "MXFP8")
     w = weight.to(torch.float32).unflatten(-1, (-1, MX_BLOCK))
     return (w * e8m0_to_float(scale).unsqueeze(-1)).flatten(-2).to(dtype)
+
+
+def block_major(weight: torch.Tensor) -> torch.Tensor:
+    """MXFP8 weights [..., N, K] laid out block-major: storage [..., K/32, N, 32], so that one 32-wide input block
+    of consecutive rows is one contiguous run (the MXFP8 kernels load a K step a block at a time); returned as
+    the view [..., N, K/32, 32] the kernels read (kernels/mxfp8.block_stride). row_major() undoes it."""
+    *lead, n, k = weight.shape
+    return weight.reshape(*lead, n, k // MX_BLOCK, MX_BLOCK).transpose(-3, -2).contiguous().transpose(-3, -2)
+
+
+def row_major(weight: torch.Tensor) -> torch.Tensor:
+    """[..., N, K/32, 32] (a block-major view) -> [..., N, K] row-major (a copy)."""
+    return weight.flatten(-2).contiguous()
 
 
 def dequant_nvfp4(packed: torch.Tensor, scale: torch.Tensor, scale_2: torch.Tensor,

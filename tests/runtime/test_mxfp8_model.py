@@ -110,3 +110,20 @@ def test_mxfp8_needs_32_aligned_inputs(tmp_path):
     with pytest.raises(InputError, match="multiple of 32 inputs"):
         LLM(path, load_format="dummy", num_kv_blocks=8)
     LLM(path, load_format="dummy", num_kv_blocks=8, weights_dtype="bfloat16")  # dequantized: any shape
+
+
+def test_block_major_layout_computes_the_same(mx_dir, monkeypatch):
+    """MX_LAYOUT BLOCK_MAJOR: every MXFP8 weight re-laid after loading (quant.block_major), same tokens and
+    logprobs as row-major; set_mx_layout back to row-major restores the stored bytes."""
+    from m3bench.runtime import quant
+    from m3bench.runtime.layers import weight_format as wf
+
+    _, want_ids, want_lp = _run(mx_dir, "float32", "auto")
+    monkeypatch.setitem(wf.MX_LAYOUT, "layout", wf.MxLayout.BLOCK_MAJOR)
+    llm, ids, lp = _run(mx_dir, "float32", "auto")
+    layer = llm.model.layers[1]
+    assert layer.attn.qkv.weight.dim() == 3 and layer.mlp.w_gate_up.dim() == 4 and layer.mlp.w_down.dim() == 4
+    assert layer.mlp.w_gate_up.stride(-2) == layer.mlp.w_gate_up.shape[1] * quant.MX_BLOCK  # blocks of all rows
+    assert ids == want_ids and torch.equal(lp, want_lp)
+    assert wf.set_mx_layout(llm.model, wf.MxLayout.ROW_MAJOR) > 0 and layer.attn.qkv.weight.dim() == 2
+    assert wf.set_mx_layout(llm.model, wf.MxLayout.ROW_MAJOR) == 0

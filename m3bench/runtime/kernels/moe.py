@@ -40,6 +40,7 @@ from m3bench.runtime.kernels.moe_align import (  # noqa: F401 (the fused MoE's p
     moe_align_torch,
 )
 from m3bench.runtime.kernels.moe_scales import MoeScales
+from m3bench.runtime.kernels.mx_linear import block_stride
 from m3bench.runtime.kernels.quant_kernels import QuantKernels, moe_generation
 from m3bench.runtime.kernels.reference import MoeActivation
 
@@ -265,7 +266,8 @@ def _launch_gate_up(x, wg, wu, inter, sorted_ids, block_expert, n_post, top_k, a
         x.stride(0), wg.stride(0), wg.stride(1), wu.stride(0), wu.stride(1), inter.stride(0),
         sg, su, sge, sgn, sue, sun, gg, gu, gge, gue,
         n_routed, ws.w_gate, ws.w_up, ws.w_gate.stride(-2), ws.w_up.stride(-2), part,
-        part.stride(0) if split > 1 else 0, part.stride(1) if split > 1 else 0,
+        part.stride(0) if split > 1 else 0, part.stride(1) if split > 1 else 0, block_stride(wg, 3),
+        block_stride(wu, 3),
         H=hidden, I=n_inter, TOPK=top_k, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
         BLOCK_K=tiles.block_k, ACT=ACT_CODE[act], F32=x.dtype == torch.float32 or interpreting(),
         FMT=_fmt_code(scales), SHARED=shared is not None, E_R=wg.shape[0] if shared is not None else -1,
@@ -310,7 +312,7 @@ def _launch_down(inter, wd, y, sorted_ids, block_expert, n_post, weights, tiles,
     moe_down_kernel[grid](
         inter, wd, y, sorted_ids, block_expert, n_post, weights, y.shape[0],
         inter.stride(0), wd.stride(0), wd.stride(1), y.stride(0), sd, sde, sdn, gd, gde,
-        weights.shape[0], wsd, wsd.stride(-2),
+        weights.shape[0], wsd, wsd.stride(-2), block_stride(wd, 3),
         I=n_inter, H=hidden, BLOCK_M=tiles.block_m, BLOCK_N=tiles.n_down, BLOCK_K=tiles.block_k,
         F32=inter.dtype == torch.float32 or interpreting(), FMT=_fmt_code(scales),
         SHARED=shared is not None, E_R=wd.shape[0] if shared is not None else -1,

@@ -78,6 +78,8 @@ def fused_moe_quant(x, w_gate, w_up, w_down, topk_ids, topk_weights, activation:
                     limit: float, out: torch.Tensor | None, scales: MoeScales,
                     tiles: QuantMoeTiles | None = None) -> torch.Tensor:
     """sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t]) -> [T, H] (x's dtype)."""
+    if w_gate.dim() != 3 or w_down.dim() != 3:
+        raise ValueError("the tile-dequantizing MoE kernels read row-major experts [E, N, K], not block-major ones")
     for w in (x, w_gate, w_up, w_down):
         if w.stride(-1) != 1:
             raise ValueError("x and the expert weights must be contiguous along their last (reduction) dim")

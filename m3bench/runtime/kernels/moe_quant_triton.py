@@ -10,7 +10,7 @@ Programs past the padded pair count (read on the device) exit at once. EVEN: the
 import triton
 import triton.language as tl
 
-from m3bench.runtime.kernels.mx_tiles_triton import dot_acc, mx_steps, mx_tile, nv_steps, nv_tile
+from m3bench.runtime.kernels.mx_tiles_triton import MX_BLOCK, dot_acc, mx_steps, mx_tile, nv_steps, nv_tile
 
 
 @triton.jit
@@ -37,7 +37,7 @@ def expert_tile(w_ptr, step, n, n_ok, k0, s_wn, K: tl.constexpr, BLOCK_N: tl.con
                 F32: tl.constexpr, FMT: tl.constexpr, EVEN: tl.constexpr):
     """[BLOCK_N, BLOCK_K] dequantized weights of one expert (pointer already offset to the expert)."""
     if FMT == 1:
-        return mx_tile(w_ptr, step, n, n_ok, k0, s_wn, K, BLOCK_N, BLOCK_K, F32, EVEN)
+        return mx_tile(w_ptr, step, n, n_ok, k0, s_wn, MX_BLOCK, K, BLOCK_N, BLOCK_K, F32, EVEN)
     else:
         return nv_tile(w_ptr, step, n, n_ok, k0, s_wn, K, BLOCK_N, BLOCK_K, F32, EVEN)
 

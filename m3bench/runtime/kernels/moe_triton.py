@@ -86,7 +86,7 @@ def _pick_expert(e, w_ptr, s_e, s_n, ws_ptr, s_wsn, N: tl.constexpr, N_S: tl.con
 def moe_gate_up_kernel(
     x_ptr, wg_ptr, wu_ptr, inter_ptr, sorted_ptr, block_expert_ptr, n_post_ptr, n_pairs,
     alpha, limit, s_xt, s_ge, s_gn, s_ue, s_un, s_it, sg_ptr, su_ptr, s_sge, s_sgn, s_sue, s_sun,
-    gg_ptr, gu_ptr, s_gge, s_gue, n_routed, wsg_ptr, wsu_ptr, s_wsg, s_wsu, part_ptr, s_pk, s_pp,
+    gg_ptr, gu_ptr, s_gge, s_gue, n_routed, wsg_ptr, wsu_ptr, s_wsg, s_wsu, part_ptr, s_pk, s_pp, s_gb, s_ub,
     H: tl.constexpr, I: tl.constexpr, TOPK: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACT: tl.constexpr, F32: tl.constexpr, FMT: tl.constexpr,
     SHARED: tl.constexpr, E_R: tl.constexpr, I_S: tl.constexpr, SPLIT: tl.constexpr, SPLIT_R: tl.constexpr,
@@ -129,8 +129,8 @@ def moe_gate_up_kernel(
         if FMT == 1:  # MXFP8: 32-wide sub-dots, each scaled by its E8M0 block; one activation block for both
             next_g = mx_block_steps(sg_rows, n_ok, k0 + BLOCK_K, H, G)
             next_u = mx_block_steps(su_rows, n_ok, k0 + BLOCK_K, H, G)
-            qg = mx_weight_blocks(wg_ptr + e * s_ge + n[:, None] * s_gn, n_ok, k0, H, BLOCK_K)
-            qu = mx_weight_blocks(wu_ptr + e * s_ue + n[:, None] * s_un, n_ok, k0, H, BLOCK_K)
+            qg = mx_weight_blocks(wg_ptr + e * s_ge + n[:, None] * s_gn, s_gb, n_ok, k0, H, BLOCK_K)
+            qu = mx_weight_blocks(wu_ptr + e * s_ue + n[:, None] * s_un, s_ub, n_ok, k0, H, BLOCK_K)
             for j in tl.static_range(G):
                 kk = k0 + j * MX_BLOCK + tl.arange(0, MX_BLOCK)
                 a = act_block(x_ptr + tok[:, None] * s_xt, kk, row_ok[:, None] & (kk < H)[None, :], F32)
@@ -191,7 +191,7 @@ def moe_act_kernel(
 @triton.jit(do_not_specialize=["n_pairs", "n_routed"])
 def moe_down_kernel(
     inter_ptr, wd_ptr, y_ptr, sorted_ptr, block_expert_ptr, n_post_ptr, weights_ptr, n_pairs,
-    s_it, s_de, s_dn, s_yp, sd_ptr, s_sde, s_sdn, gd_ptr, s_gde, n_routed, wsd_ptr, s_wsd,
+    s_it, s_de, s_dn, s_yp, sd_ptr, s_sde, s_sdn, gd_ptr, s_gde, n_routed, wsd_ptr, s_wsd, s_db,
     I: tl.constexpr, H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, F32: tl.constexpr, FMT: tl.constexpr,
     SHARED: tl.constexpr, E_R: tl.constexpr, I_S: tl.constexpr,
@@ -215,8 +215,8 @@ def moe_down_kernel(
     for k0 in range(0, k_end, BLOCK_K):
         if FMT == 1:  # MXFP8: 32-wide sub-dots, each scaled by its E8M0 block
             next_steps = mx_block_steps(sd_rows, n_ok, k0 + BLOCK_K, I, BLOCK_K // MX_BLOCK)
-            acc = mx_dot(acc, inter_ptr + rows, wd_ptr + e * s_de + n[:, None] * s_dn, steps, n_ok, row_ok, k0, I,
-                         F32, BLOCK_K)
+            acc = mx_dot(acc, inter_ptr + rows, wd_ptr + e * s_de + n[:, None] * s_dn, s_db, steps, n_ok, row_ok,
+                         k0, I, F32, BLOCK_K)
             steps = next_steps
         else:
             kk = k0 + tl.arange(0, BLOCK_K)

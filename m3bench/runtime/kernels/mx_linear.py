@@ -98,6 +98,13 @@ def split_counters(device: torch.device) -> torch.Tensor:
                      if device.type == "cuda" else device)
 
 
+def block_stride(w: torch.Tensor, dims: int) -> int:
+    """The stride between a row's 32-wide input blocks of MXFP8 weights of `dims` dims ([N, K]: 2, experts
+    [E, N, K]: 3): 32 row-major; a block-major view ([..., N, K/32, 32] over [..., K/32, N, 32] storage,
+    quant.block_major) has one more dim and its own block stride."""
+    return w.stride(-2) if w.dim() == dims + 1 else 32
+
+
 def check_split(t: MxTiles, m: int, n: int, k: int) -> None:
     """The split K of tiles t divides K, and its output tiles fit the split counters."""
     if k % (t.split_k * t.block_k):
@@ -122,7 +129,8 @@ def mx_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: 
     grid = t.grid(m, n)
     parts = x.new_empty((t.split_k, m, n) if t.split_k > 1 else (1,), dtype=torch.float32)
     args = (x, weight, scale.view(torch.uint8), bias if bias is not None else y, y, parts,
-            split_counters(x.device), m, x.stride(0), weight.stride(0), scale.stride(0), y.stride(0))
+            split_counters(x.device), m, x.stride(0), weight.stride(0), block_stride(weight, 2), scale.stride(0),
+            y.stride(0))
     meta = dict(N=n, K=k, K_SPLIT=k // t.split_k, SPLIT=t.split_k, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
                 BLOCK_K=t.block_k, HAS_BIAS=bias is not None, num_warps=t.num_warps, num_stages=t.num_stages)
     if t.kernel is MxKernel.GEMV:

@@ -42,13 +42,22 @@ def mx_steps(s_ptr, n, n_ok, k0, s_sn, K: tl.constexpr, BLOCK_K: tl.constexpr, F
 
 
 @triton.jit
-def mx_tile(w_ptr, step, n, n_ok, k0, s_wn, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+def block_cols(k0, s_wb, G: tl.constexpr):
+    """Offsets [G, 32] in a weight row of its inputs k0 + [0, 32 G) (k0 a multiple of 32), the row's 32-wide
+    blocks s_wb apart: 32 row-major, N * 32 block-major (quant.block_major)."""
+    blk = tl.arange(0, G) + k0 // MX_BLOCK  # (the tensor first: k0 may be a constexpr)
+    return blk[:, None] * s_wb + tl.arange(0, MX_BLOCK)[None, :]
+
+
+@triton.jit
+def mx_tile(w_ptr, step, n, n_ok, k0, s_wn, s_wb, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
             F32: tl.constexpr, EVEN: tl.constexpr):
     """Dequantized MXFP8 weights [BLOCK_N, BLOCK_K] (rows n, inputs k0 + [0, BLOCK_K)) in step's dtype:
-    one conversion and one multiply by the block's step (mx_steps). EVEN: no masks (the tile exists)."""
+    one conversion and one multiply by the block's step (mx_steps). EVEN: no masks (the tile exists).
+    s_wn, s_wb: the rows' and their 32-blocks' strides (block_cols)."""
     G: tl.constexpr = BLOCK_K // MX_BLOCK
     kk = k0 + tl.arange(0, G)[:, None] * MX_BLOCK + tl.arange(0, MX_BLOCK)[None, :]  # [G, 32]
-    ptrs = (w_ptr + n.to(tl.int64) * s_wn)[:, None, None] + kk[None, :, :]
+    ptrs = (w_ptr + n.to(tl.int64) * s_wn)[:, None, None] + block_cols(k0, s_wb, G)[None, :, :]
     if EVEN:
         w = tl.load(ptrs)
     else:
@@ -157,7 +166,7 @@ def _store(acc, m, n, mask, y_ptr, s_ym, b_ptr, s_bm, HAS_BIAS: tl.constexpr):
 
 @triton.jit(do_not_specialize=["M"])
 def mx_gemv_kernel(
-    x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr, M, s_xm, s_wn, s_sn, s_ym, s_bm,
+    x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr, M, s_xm, s_wn, s_wb, s_sn, s_ym, s_bm,
     N: tl.constexpr, K: tl.constexpr, K_SPLIT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, SCALED: tl.constexpr, EVEN: tl.constexpr,
 ):
@@ -177,11 +186,11 @@ def mx_gemv_kernel(
         k0 = k_begin + k_off
         kk = k0 + g[:, None] * MX_BLOCK + tl.arange(0, MX_BLOCK)[None, :]  # [G, 32]
         k_ok = kk < K
+        w_ptrs = w_rows[:, None, None] + block_cols(k0, s_wb, G)[None, :, :]
         if EVEN:
-            w = tl.load(w_rows[:, None, None] + kk[None, :, :])
+            w = tl.load(w_ptrs)
         else:
-            w = tl.load(w_rows[:, None, None] + kk[None, :, :], mask=n_ok[:, None, None] & k_ok[None, :, :],
-                        other=0.0)
+            w = tl.load(w_ptrs, mask=n_ok[:, None, None] & k_ok[None, :, :], other=0.0)
         w = w.to(tl.float32)
         if SCALED:
             s_ok = n_ok[:, None] & (k0 + g * MX_BLOCK < K)[None, :]
@@ -204,7 +213,7 @@ def mx_gemv_kernel(
 
 @triton.jit(do_not_specialize=["M"])
 def mx_dot_kernel(
-    x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr, M, s_xm, s_wn, s_sn, s_ym,
+    x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr, M, s_xm, s_wn, s_wb, s_sn, s_ym,
     N: tl.constexpr, K: tl.constexpr, K_SPLIT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, F32: tl.constexpr, EVEN: tl.constexpr,
 ):
@@ -223,7 +232,7 @@ def mx_dot_kernel(
     for k_off in range(0, K_SPLIT, BLOCK_K):  # constant trip count
         k0 = k_begin + k_off
         next_step = mx_steps(s_ptr, n, n_ok, k0 + BLOCK_K, s_sn, K, BLOCK_K, F32)
-        w = mx_tile(w_ptr, step, n, n_ok, k0, s_wn, K, BLOCK_N, BLOCK_K, F32, EVEN)
+        w = mx_tile(w_ptr, step, n, n_ok, k0, s_wn, s_wb, K, BLOCK_N, BLOCK_K, F32, EVEN)
         step = next_step
         kk = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_rows[:, None] + kk[None, :], mask=m_ok[:, None] & (kk < K)[None, :], other=0.0)

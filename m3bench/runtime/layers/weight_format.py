@@ -8,6 +8,10 @@ MXFP8 (runtime/quant.py): `w = fp8 * 2**(scale - 127)`, one scale per 32 inputs 
 (NVFP4_EXPERTS): `w = e2m1 * e4m3 scale (per 16 inputs) * global` with one fp32 global per row. The model
 picks the format (M3ForCausalLM(weights=...)); attention, MLP and MoE code need not know it: only
 linear.py and moe.py read `current_linear_format()` when they allocate.
+
+MXFP8 weights load row-major ([N, K], as stored) and are then laid out as `MX_LAYOUT` says
+(`set_mx_layout`): BLOCK_MAJOR keeps each 32-wide input block of consecutive rows contiguous
+(quant.block_major), so the kernels' per-block tile loads read whole lines; the kernels read either.
 """
 
 from __future__ import annotations
@@ -36,6 +40,42 @@ class LinearFormat(Enum):
     @property
     def experts_nvfp4(self) -> bool:
         return self is LinearFormat.NVFP4_EXPERTS
+
+
+class MxLayout(Enum):
+    """How MXFP8 weights sit in memory once loaded (the kernels read both; kernels/mx_linear.block_stride)."""
+
+    ROW_MAJOR = "row-major"  # [..., N, K] as the checkpoint stores them
+    BLOCK_MAJOR = "block-major"  # storage [..., K/32, N, 32], the view [..., N, K/32, 32] (quant.block_major)
+
+
+MX_LAYOUT = {"layout": MxLayout.ROW_MAJOR}  # the process-wide choice (benchmarks/mxfp8_gpu.py times both)
+MX_WEIGHTS = (("weight", "weight_scale"), ("w_gate_up", "w_gate_up_scale"), ("w_down", "w_down_scale"))
+
+
+def set_mx_layout(model: nn.Module, layout: MxLayout) -> int:
+    """Lay every MXFP8 weight of the model's modules (MX_WEIGHTS: a float8_e4m3fn weight beside its E8M0 scale)
+    out as `layout`, replacing its parameter; idempotent. Returns how many weights moved."""
+    moved = 0
+    for mod in model.modules():
+        for w_name, s_name in MX_WEIGHTS:
+            w, s = getattr(mod, w_name, None), getattr(mod, s_name, None)
+            if not isinstance(w, torch.Tensor) or s is None or w.dtype != torch.float8_e4m3fn:
+                continue
+            if (w.dim() == s.dim() + 1) == (layout is MxLayout.BLOCK_MAJOR):
+                continue
+            data = quant.block_major(w.data) if layout is MxLayout.BLOCK_MAJOR else quant.row_major(w.data)
+            setattr(mod, w_name, nn.Parameter(data, requires_grad=False))
+            moved += 1
+    return moved
+
+
+@contextmanager
+def mx_loading(model: nn.Module) -> Iterator[None]:
+    """Loading fills row-major MXFP8 weights; afterwards they take the process's MX_LAYOUT."""
+    set_mx_layout(model, MxLayout.ROW_MAJOR)
+    yield
+    set_mx_layout(model, MX_LAYOUT["layout"])
 
 
 _FORMAT: ContextVar[LinearFormat] = ContextVar("linear_format", default=LinearFormat.PLAIN)

@@ -7,6 +7,7 @@ from m3bench.runtime import quant
 from m3bench.runtime.kernels.backend import KernelBackend
 from m3bench.runtime.kernels.moe import MoeScales, MoeTiles, fused_moe
 from m3bench.runtime.kernels.moe_quant import QuantMoeTiles
+from m3bench.runtime.kernels.mx_linear import MxKernel, MxTiles
 from m3bench.runtime.kernels.mxfp8 import LinearTiles, mxfp8_linear
 from m3bench.runtime.kernels.reference import fused_moe_ref
 from .quant_cases import mx_random, nv_random_experts
@@ -59,7 +60,7 @@ def test_mxfp8_linear_keeps_leading_dims_and_reads_the_scales():
 
 @pytest.mark.parametrize("tiles", [MoeTiles(16, 16, 32), MoeTiles(16, 32, 64, block_n_down=16), MoeTiles(16, 32, 128)])
 def test_mxfp8_fused_moe_matches_dequantized_fp32(tiles):
-    """One, two and four E8M0 blocks a K step (mx_blocks' three cases; 128 > hidden: the masked tail)."""
+    """One, two and four E8M0 blocks a K step (mx_weight_blocks' three cases; 128 > hidden: the masked tail)."""
     g = torch.Generator().manual_seed(7)
     n_tok, top_k, n_exp, hidden, inter = 6, 2, 4, 64, 96
     (wgu, sgu), (wd, sd) = _mx(g, n_exp, 2 * inter, hidden), _mx(g, n_exp, hidden, inter)
@@ -73,6 +74,34 @@ def test_mxfp8_fused_moe_matches_dequantized_fp32(tiles):
     assert torch.allclose(got.double(), want, atol=1e-3, rtol=1e-4)
     torch_path = fused_moe(x, wgu[:, :inter], wgu[:, inter:], wd, ids, w, backend=KernelBackend.TORCH, scales=scales)
     assert torch.allclose(torch_path.double(), want, atol=1e-3, rtol=1e-4)
+
+
+def test_block_major_weights_give_the_same_results():
+    """quant.block_major weights (a K step's 32-wide block of consecutive rows contiguous) through the first
+    kernels: the same sums in the same order, so bit for bit the row-major results; the torch path reads them too."""
+    g = torch.Generator().manual_seed(11)
+    w, s = _mx(g, 40, 256)
+    x = torch.randn(3, 256, generator=g)
+    for tiles in (LinearTiles(16, 16, 64), LinearTiles(16, 32, 128, split_k=2),
+                  MxTiles(MxKernel.GEMV, 4, 16, 64, 2, 4, 1), MxTiles(MxKernel.DOT, 16, 16, 128, 2, 4, 2)):
+        want = mxfp8_linear(x, w, s, backend=T, tiles=tiles)
+        assert torch.equal(mxfp8_linear(x, quant.block_major(w), s, backend=T, tiles=tiles), want)
+    assert torch.equal(mxfp8_linear(x, quant.block_major(w), s, backend=KernelBackend.TORCH),
+                       mxfp8_linear(x, w, s, backend=KernelBackend.TORCH))
+    n_exp, hidden, inter = 3, 64, 96
+    (wgu, sgu), (wd, sd) = _mx(g, n_exp, 2 * inter, hidden), _mx(g, n_exp, hidden, inter)
+    ids = torch.randint(0, n_exp, (5, 2), generator=g, dtype=torch.int32)
+    x, rw = torch.randn(5, hidden, generator=g), torch.rand(5, 2, generator=g)
+    scales = MoeScales(sgu[:, :inter], sgu[:, inter:], sd)
+    bgu, bd = quant.block_major(wgu), quant.block_major(wd)
+    for tiles in (MoeTiles(16, 32, 64, block_n_down=16), MoeTiles(16, 16, 128)):
+        want = fused_moe(x, wgu[:, :inter], wgu[:, inter:], wd, ids, rw, backend=T, tiles=tiles, scales=scales)
+        got = fused_moe(x, bgu[:, :inter], bgu[:, inter:], bd, ids, rw, backend=T, tiles=tiles, scales=scales)
+        assert torch.equal(got, want)
+    assert torch.equal(fused_moe(x, bgu[:, :inter], bgu[:, inter:], bd, ids, rw, backend=KernelBackend.TORCH,
+                                 scales=scales),
+                       fused_moe(x, wgu[:, :inter], wgu[:, inter:], wd, ids, rw, backend=KernelBackend.TORCH,
+                                 scales=scales))
 
 
 _nv = nv_random_experts
