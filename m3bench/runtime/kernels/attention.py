@@ -27,6 +27,7 @@ from m3bench.runtime.kernels.backend import (
     next_pow2,
     nvfp4_asm,
     prev_pow2,
+    scale_row_strides,
     target_programs,
     use_triton,
 )
@@ -133,7 +134,7 @@ def _launch_attention(q, k_cache, v_cache, block_tables, seq_lens, qsl, scale, s
         q, out, part_o, part_lse, kd, ks, kgs, vd, vs, vgs,
         block_tables, seq_lens, qsl, sel_t, scale * math.log2(math.e), launch.n_qblk, n_seg,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        *kd.stride()[:3], *ks.stride()[:3], *vd.stride()[:3], *vs.stride()[:3],
+        *kd.stride()[:3], *scale_row_strides(k_cache), *vd.stride()[:3], *scale_row_strides(v_cache),
         block_tables.stride(0), *sel_strides,
         HQ=hq, G=hq // hkv, D=d, PAGE=page, TILE=launch.tile, BLOCK_M=launch.block_m,
         BLOCK_Q=launch.block_q, SPLIT=n_seg > 1,

@@ -6,7 +6,8 @@ r % G), so each K/V tile is read once per KV head and tl.dot has M >= 16. Keys c
 of TILE tokens, each looking up its page in the block table. Dense mode walks the request's
 keys 0..max position; sparse mode (BLOCK_Q = 1) walks the TOPK selected blocks of its token.
 With SPLIT (n_seg > 1) each program writes a normalized partial output and its log2-sum-exp, and
-`reduce_kernel` merges the segments. Lengths are read on the device only.
+`reduce_kernel` merges the segments. Lengths are read on the device only. NVFP4 scale strides
+(s_ksp.., s_vsp..) count rows of D/16 scales (backend.scale_row_strides).
 """
 
 import triton
@@ -88,10 +89,10 @@ def paged_attn_kernel(
         kmask = kpos < limit
         page = tl.load(bt_ptr + b * s_bt + start // PAGE).to(tl.int64)
         off = (start % PAGE + toks).to(tl.int64)
-        k_off, ks_off = page * s_kp + h * s_kh + off * s_kt, page * s_ksp + h * s_ksh + off * s_kst
-        v_off, vs_off = page * s_vp + h * s_vh + off * s_vt, page * s_vsp + h * s_vsh + off * s_vst
-        k_a, k_b = load_kv_parts(k_ptr, ks_ptr, k_off, ks_off, kmask, FMT, TILE, D, ASM)
-        v_a, v_b = load_kv_parts(v_ptr, vs_ptr, v_off, vs_off, kmask, FMT, TILE, D, ASM)
+        k_off, ks_row = page * s_kp + h * s_kh + off * s_kt, page * s_ksp + h * s_ksh + off * s_kst
+        v_off, vs_row = page * s_vp + h * s_vh + off * s_vt, page * s_vsp + h * s_vsh + off * s_vst
+        k_a, k_b = load_kv_parts(k_ptr, ks_ptr, k_off, ks_row, kmask, FMT, TILE, D, ASM)
+        v_a, v_b = load_kv_parts(v_ptr, vs_ptr, v_off, vs_row, kmask, FMT, TILE, D, ASM)
         s = dot_parts(q_a, q_b, k_a, k_b, FMT, F32) * s_scale
         ok = row_ok[:, None] & kmask[None, :] & (kpos[None, :] <= pos[:, None])
         m_new = tl.maximum(m_i, tl.max(tl.where(ok, s, NEG_BIG), axis=1))

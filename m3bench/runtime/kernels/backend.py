@@ -100,3 +100,18 @@ def cache_kernel_args(cache: PagedTensor):
         return cache.data, cache.scales.view(torch.uint8), gs
     data = cache.view(torch.uint8) if fmt is KVFormat.FP8 else cache
     return data, data, data
+
+
+def scale_row_strides(cache: PagedTensor) -> tuple[int, ...]:
+    """The strides of cache_kernel_args' scales but the last, in rows of d/16 scales, as the kernels take
+    them (kv_tiles_triton.load_nvfp4_halves: a row index times d/16 shows Triton where each row starts);
+    checks that each token's d/16 scales are contiguous at a multiple of d/16. Zeros for formats with no scales."""
+    if kv_format_of(cache) is not KVFormat.NVFP4:
+        return (0,) * (len(cache.shape) - 1)
+    scales = cache.scales
+    per_row = scales.shape[-1]
+    lead = [(st, size) for st, size in zip(scales.stride()[:-1], scales.shape[:-1])]
+    if scales.stride(-1) != 1 or any(st % per_row for st, size in lead if size > 1):  # a dim of 1 is never stepped
+        raise ValueError(f"NVFP4 scales must be rows of {per_row} contiguous bytes at multiples of {per_row}, "
+                         f"got strides {scales.stride()}")
+    return tuple(st // per_row if size > 1 else 0 for st, size in lead)

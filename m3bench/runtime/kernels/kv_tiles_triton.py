@@ -63,35 +63,36 @@ def e2m1_to_f32(code):
 
 
 @triton.jit
-def load_kv_tile(data_ptr, scale_ptr, row_off, sc_row_off, mask,
+def load_kv_tile(data_ptr, scale_ptr, row_off, sc_row, mask,
                  FMT: tl.constexpr, TILE: tl.constexpr, D: tl.constexpr, ASM: tl.constexpr = False):
     """Tile [TILE, D] of the rows starting at row_off (elements of data), masked rows read 0:
     fp16 for FP8 / NVFP4 (exact: see below), the cache's own dtype for plain caches (mma converts).
 
-    row_off / sc_row_off: [TILE] int64 offsets of each token's row in data / scales (NVFP4);
-    mask: [TILE] rows to read. FP8 e4m3 converts to fp16 exactly (one cvt per two elements).
-    NVFP4 loads D/2 contiguous bytes and D/16 scales per row and widens them in registers (join +
-    reshape), so both loads stay vectorized; the nibbles decode through the fp8 conversion
-    (e2m1_as_e4m3: values / 64) and times their e4m3 block scale in fp16, exact (<= 6 significant
-    bits, magnitudes 2^-16 .. 42); the global scale and the 64 are NOT applied: the caller multiplies
-    its dot products by kv_tile_factor. ASM (sm89+, not the interpreter): the same codes made four
-    bytes at a time in PTX (nvfp4_to_f16_asm), no widening to int32.
+    row_off: [TILE] int64 offsets of each token's row in data; sc_row (NVFP4): [TILE] int64 indices of
+    each token's row of D/16 scales (its offset / (D/16): backend.scale_row_strides);
+    mask: [TILE] rows to read, or None: every row (no predicates on the loads).
+    FP8 e4m3 converts to fp16 exactly (one cvt per two elements). NVFP4 loads D/2 contiguous bytes
+    and D/16 scales per row and widens them in registers (join + reshape), so both loads stay
+    vectorized; the nibbles decode through the fp8 conversion (e2m1_as_e4m3: values / 64) and times
+    their e4m3 block scale in fp16, exact (<= 6 significant bits, magnitudes 2^-16 .. 42); the global
+    scale and the 64 are NOT applied: the caller multiplies its dot products by kv_tile_factor.
+    ASM (sm89+, not the interpreter): the same codes made four bytes at a time in PTX
+    (nvfp4_to_f16_asm), no widening to int32.
     """
-    m2 = mask[:, None]
     if FMT == 2:
-        even, odd = load_nvfp4_halves(data_ptr, scale_ptr, row_off, sc_row_off, mask, TILE, D, ASM)
+        even, odd = load_nvfp4_halves(data_ptr, scale_ptr, row_off, sc_row, mask, TILE, D, ASM)
         return tl.reshape(tl.join(even, odd), (TILE, D))  # element values / 64
     elif FMT == 1:
         cols = tl.arange(0, D)
-        raw = tl.load(data_ptr + row_off[:, None] + cols[None, :], mask=m2, other=0)
+        raw = load_rows(data_ptr + row_off[:, None] + cols[None, :], mask)
         return raw.to(tl.float8e4nv, bitcast=True).to(tl.float16)
     else:
         cols = tl.arange(0, D)
-        return tl.load(data_ptr + row_off[:, None] + cols[None, :], mask=m2, other=0.0)
+        return load_rows(data_ptr + row_off[:, None] + cols[None, :], mask)
 
 
 @triton.jit
-def load_nvfp4_halves(data_ptr, scale_ptr, row_off, sc_row_off, mask,
+def load_nvfp4_halves(data_ptr, scale_ptr, row_off, sc_row, mask,
                       TILE: tl.constexpr, D: tl.constexpr, ASM: tl.constexpr = False):
     """An NVFP4 tile as two [TILE, D/2] fp16 tiles, its even elements (the low nibbles) and its odd
     ones (the high nibbles), each times its e4m3 block scale (values / 64, as load_kv_tile's).
@@ -100,19 +101,31 @@ def load_nvfp4_halves(data_ptr, scale_ptr, row_off, sc_row_off, mask,
     load_halves): no join + reshape to interleave them, which costs the index kernel ~7% on the H200.
     Element 2i and 2i+1 both sit in block i // 8 of 16 elements: one scale broadcast serves both.
     """
-    m2 = mask[:, None]
     half = tl.arange(0, D // 2)
-    byte = tl.load(data_ptr + row_off[:, None] + half[None, :], mask=m2, other=0)
+    byte = load_rows(data_ptr + row_off[:, None] + half[None, :], mask)
     if ASM:
         lo, hi = nvfp4_to_f16_asm(byte)
     else:
         lo = e2m1_as_e4m3(byte.to(tl.int32)).to(tl.float8e4nv, bitcast=True).to(tl.float16)
         hi = e2m1_as_e4m3(byte.to(tl.int32) >> 4).to(tl.float8e4nv, bitcast=True).to(tl.float16)
     groups = tl.arange(0, D // 16)
-    sc = tl.load(scale_ptr + sc_row_off[:, None] + groups[None, :], mask=m2, other=0)
+    # scale rows, not offsets: a row starts at a multiple of D/16 that Triton can see, so a token's scales
+    # load as one vector, asynchronously with the data (cp.async). Byte offsets with a stride of 8 carry no
+    # JIT hint (those are multiples of 16), and every scale was a synchronous byte load waited on in the same
+    # step (the NVFP4 indexer on the H200, ncu: L1TEX stalls); tl.multiple_of on them was lost in the loop
+    sc = load_rows(scale_ptr + (sc_row * (D // 16))[:, None] + groups[None, :], mask)
     step = sc.to(tl.float8e4nv, bitcast=True).to(tl.float16)
     step = tl.reshape(tl.broadcast_to(step[:, :, None], (TILE, D // 16, 8)), (TILE, D // 2))
     return lo * step, hi * step
+
+
+@triton.jit
+def load_rows(ptrs, mask):
+    """tl.load of [rows, cols] pointers: rows where mask ([rows]) is false read 0; mask None reads them all."""
+    if mask is None:
+        return tl.load(ptrs)
+    else:
+        return tl.load(ptrs, mask=mask[:, None], other=0)
 
 
 @triton.jit
@@ -138,14 +151,14 @@ def load_query(row_ptr, mask, FMT: tl.constexpr, F32: tl.constexpr, D: tl.conste
 
 
 @triton.jit
-def load_kv_parts(data_ptr, scale_ptr, row_off, sc_row_off, mask,
+def load_kv_parts(data_ptr, scale_ptr, row_off, sc_row, mask,
                   FMT: tl.constexpr, TILE: tl.constexpr, D: tl.constexpr, ASM: tl.constexpr):
     """load_kv_tile's tile as the parts dot_parts takes: NVFP4's even and odd halves
     (load_nvfp4_halves), else the whole tile (b is a again)."""
     if FMT == 2:
-        return load_nvfp4_halves(data_ptr, scale_ptr, row_off, sc_row_off, mask, TILE, D, ASM)
+        return load_nvfp4_halves(data_ptr, scale_ptr, row_off, sc_row, mask, TILE, D, ASM)
     else:
-        k = load_kv_tile(data_ptr, scale_ptr, row_off, sc_row_off, mask, FMT, TILE, D, ASM)
+        k = load_kv_tile(data_ptr, scale_ptr, row_off, sc_row, mask, FMT, TILE, D, ASM)
         return k, k
 
 
@@ -156,6 +169,27 @@ def dot_parts(q_a, q_b, k_a, k_b, FMT: tl.constexpr, F32: tl.constexpr):
         return mma(q_a, tl.trans(k_a), F32) + mma(q_b, tl.trans(k_b), F32)
     else:
         return mma(q_a, tl.trans(k_a), F32)
+
+
+@triton.jit
+def hoist_query_operand(q_a, q_b, data_ptr, scale_ptr, FMT: tl.constexpr, F32: tl.constexpr, D: tl.constexpr,
+                        ASM: tl.constexpr):
+    """Call before a key loop that dots load_query's rows: on sm80+ the loop then keeps the query's MMA operand
+    registers instead of rebuilding them every step. Computes nothing (the GPU drops the dot it adds).
+
+    Triton builds a dot's operand registers (through shared memory) where the dot is. In a loop that was
+    every step, and for fp16 queries against 8-bit keys (4 k a thread) it costs 2 loads a register pair and a
+    move per register each dot: ~100 sm90 instructions of the indexer's 128-key step (FP8 and NVFP4 keys). A dot
+    with the same query here, outside the loop, gets the identical conversion, which the loop's then reuses
+    (common subexpression); the dot itself (32 keys that read nothing) is kept through Triton's passes by a
+    volatile asm and removed by ptxas, as its result is unused. Not under F32 (the interpreter, no asm), nor
+    for 16-bit keys, whose operands load whole registers from shared memory (ldmatrix) at little cost.
+    """
+    if FMT != 0 and not F32:
+        keys = tl.arange(0, 32).to(tl.int64)
+        k_a, k_b = load_kv_parts(data_ptr, scale_ptr, keys, keys, keys < 0, FMT, 32, D, ASM)
+        s = dot_parts(q_a, q_b, k_a, k_b, FMT, F32)
+        tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [s], dtype=tl.float32, is_pure=False, pack=1)
 
 
 @triton.jit

@@ -23,6 +23,7 @@ from m3bench.runtime.kernels.backend import (
     interpreting,
     next_pow2,
     nvfp4_asm,
+    scale_row_strides,
     target_programs,
     use_triton,
 )
@@ -33,6 +34,10 @@ WAVES_PER_TARGET = 4  # segments for ~4x target_programs: each program streams i
 #                       loads, one valid query row at decode), and more of them per SM hide that; the
 #                       scores are written per block either way, so more segments cost no extra traffic
 MAX_TOPK_CHUNK = 4096  # score rows up to this many blocks stay in registers
+SCORE_STAGES = 2  # pipeline stages of the scores kernel (3-4 were within 1% on the H200, performance.md 2d)
+NVFP4_DECODE_MAX_REGS = 96  # the NVFP4 scores kernel at decode rows: 123 registers a thread unbounded (Triton 3.6,
+#                             sm90), i.e. 4 programs an SM; 96 fit 5 with no spills for 4% more instructions a
+#                             step (424 -> 440); FP8 keys take 96 unbounded. None: unbounded
 
 
 def msa_select_blocks(
@@ -80,13 +85,20 @@ def _launch_scores(iq, ik_cache, block_tables, seq_lens, qsl, init_blocks, score
     #                                                            decode on the H200 (B32, 32k-128k, FP8 / NVFP4 keys)
     block_scores_kernel[(n_req * n_qblk, n_seg)](
         iq, data, sc, gs, scores, block_tables, seq_lens, qsl, n_qblk, n_seg,
-        iq.stride(0), iq.stride(1), data.stride(0), data.stride(1), sc.stride(0), sc.stride(1),
+        iq.stride(0), iq.stride(1), data.stride(0), data.stride(1), *scale_row_strides(ik_cache),
         block_tables.stride(0), scores.stride(0), scores.stride(1),
         HI=hi, D=d, PAGE=page, TILE=tile, BLOCK_M=block_m, BLOCK_Q=block_q,
         INIT_BLOCKS=init_blocks, FMT=FMT_CODE[kv_format_of(ik_cache)],
         F32=iq.dtype == torch.float32 or interpreting(), ASM=kv_format_of(ik_cache) is KVFormat.NVFP4 and nvfp4_asm(iq),
-        num_warps=4, num_stages=2,
+        num_warps=4, num_stages=SCORE_STAGES, **_register_cap(kv_format_of(ik_cache), block_m),
     )
+
+
+def _register_cap(fmt: KVFormat, block_m: int) -> dict:
+    """The launch option capping the scores kernel's registers a thread (NVFP4_DECODE_MAX_REGS), if any."""
+    if fmt is KVFormat.NVFP4 and block_m <= WHOLE_PAGE_ROWS and NVFP4_DECODE_MAX_REGS is not None:
+        return {"maxnreg": NVFP4_DECODE_MAX_REGS}
+    return {}
 
 
 def _launch_topk(scores, out, page, seq_lens, qsl, topk, max_q):

@@ -3,15 +3,23 @@
 block_scores_kernel, grid (B * n_qblk, n_seg): rows = BLOCK_Q tokens x HI index heads of one
 request (>= 16 rows, one shared index-key head); the request's blocks are split over n_seg
 programs (split over the context). Each block's score is the max over its keys j <= pos of
-iq . ik[j] (fp32 accumulation); the local block gets +inf, init blocks INIT_SCORE.
+iq . ik[j] (fp32 accumulation); the local block gets +inf, init blocks INIT_SCORE; blocks after the
+local one are left unspecified (never read).
 topk_kernel, grid (B * max_q, HI): merges the segments' scores of one (token, head) row into
 the TOPK best blocks, sorted (score desc, block id asc), -1 padded.
+NVFP4 scale strides (s_ksp, s_kst) count rows of D/16 scales (backend.scale_row_strides).
 """
 
 import triton
 import triton.language as tl
 
-from m3bench.runtime.kernels.kv_tiles_triton import dot_parts, kv_tile_factor, load_kv_parts, load_query
+from m3bench.runtime.kernels.kv_tiles_triton import (
+    dot_parts,
+    hoist_query_operand,
+    kv_tile_factor,
+    load_kv_parts,
+    load_query,
+)
 
 INIT_SCORE = tl.constexpr(3.0e38)
 NO_BLOCK = tl.constexpr(2147483647)
@@ -47,32 +55,47 @@ def block_scores_kernel(
     per_seg = tl.cdiv(n_blocks, n_seg)
     blk_lo = seg * per_seg
     blk_hi = tl.minimum(blk_lo + per_seg, n_blocks)
+    if BLOCK_M <= 32:  # decode rows (prefill's 64 rows held it in 32 more registers a thread: 144)
+        hoist_query_operand(iq_a, iq_b, ik_ptr, iks_ptr, FMT, F32, D, ASM)
+    _score_blocks(blk_lo, blk_hi, ik_ptr, iks_ptr, bt_ptr + b * s_bt, s_kp, s_kt, s_ksp, s_kst, iq_a, iq_b, gs,
+                  scores_ptr + tok * s_st + head * s_sh, row_ok, pos // PAGE, PAGE, TILE, INIT_BLOCKS, FMT, F32,
+                  D, ASM)
+
+
+@triton.jit
+def _score_blocks(blk_lo, blk_hi, ik_ptr, iks_ptr, bt_row, s_kp, s_kt, s_ksp, s_kst, iq_a, iq_b, gs,
+                  out_row, row_ok, local, PAGE: tl.constexpr, TILE: tl.constexpr, INIT_BLOCKS: tl.constexpr,
+                  FMT: tl.constexpr, F32: tl.constexpr, D: tl.constexpr, ASM: tl.constexpr):
+    """Stores the scores of blocks blk_lo .. blk_hi - 1 of each row (block_scores_kernel), local: [rows] the
+    row's local block. No causal or length mask: a block before a row's local one holds only keys at or
+    before the row's position, its local block scores +inf whatever its keys, and topk_kernel reads no block
+    after it. So masks changed no selection, while they cost ~100 of a decode step's instructions (sm90)."""
     toks = tl.arange(0, TILE)
-    local = pos // PAGE
-    out_row = scores_ptr + tok * s_st + head * s_sh
     SUBS: tl.constexpr = PAGE // TILE
-    best = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    best = tl.full(local.shape, float("-inf"), tl.float32)
     for it in range(blk_lo * SUBS, blk_hi * SUBS):  # one flat loop over key tiles: the pipeliner stages it
         blk = it // SUBS
         sub = it % SUBS
         # the page id as a [TILE] vector of one value: a tensor load, which the pipeliner issues ahead with
         # the tile loads that depend on it (a scalar load here cost NVFP4 keys ~20% on the H200)
-        page = tl.load(bt_ptr + b * s_bt + blk + toks * 0).to(tl.int64)
-        off = sub * TILE + toks
-        kpos = blk * PAGE + off
-        k_off = page * s_kp + off.to(tl.int64) * s_kt
-        ks_off = page * s_ksp + off.to(tl.int64) * s_kst
-        ik_a, ik_b = load_kv_parts(ik_ptr, iks_ptr, k_off, ks_off, kpos < seq_len, FMT, TILE, D, ASM)
-        s = dot_parts(iq_a, iq_b, ik_a, ik_b, FMT, F32)
-        ok = kpos[None, :] <= pos[:, None]
-        tile_best = tl.max(tl.where(ok, s, float("-inf")), axis=1)
+        page = tl.load(bt_row + blk + toks * 0).to(tl.int64)
+        off = (sub * TILE + toks).to(tl.int64)
+        # every key of the page, also those past the context in its last page (they count only towards
+        # scores that are forced or never read, see above): no predicates on the loads
+        ik_a, ik_b = load_kv_parts(ik_ptr, iks_ptr, page * s_kp + off * s_kt, page * s_ksp + off * s_kst, None,
+                                   FMT, TILE, D, ASM)
+        tile_best = tl.max(dot_parts(iq_a, iq_b, ik_a, ik_b, FMT, F32), axis=1)
         best = tl.where(sub == 0, tile_best, tl.maximum(best, tile_best))
-        fin = tl.where(best > float("-inf"), best * gs, best)  # gs > 0: the max commutes with it
-        forced = tl.where((blk < INIT_BLOCKS) & (blk <= local), INIT_SCORE, fin)
-        score = tl.where(blk == local, float("inf"), forced)
-        last = (rows * 0 + sub) == SUBS - 1  # the block's last tile stores its score (a [BLOCK_M] mask: the
+        last = (local * 0 + sub) == SUBS - 1  # the block's last tile stores its score (a [rows] mask: the
         #                                       interpreter refuses a scalar one beside a block)
-        tl.store(out_row + blk, score, mask=row_ok & last)
+        tl.store(out_row + blk, _block_score(best * gs, blk, local, INIT_BLOCKS), mask=row_ok & last)
+
+
+@triton.jit
+def _block_score(value, blk, local, INIT_BLOCKS: tl.constexpr):
+    """A block's stored score: +inf for the row's local block, INIT_SCORE for init blocks, else value."""
+    forced = tl.where((blk < INIT_BLOCKS) & (blk <= local), INIT_SCORE, value)
+    return tl.where(blk == local, float("inf"), forced)
 
 
 @triton.jit(do_not_specialize=["max_q"])

@@ -76,7 +76,7 @@ def _divisible_by_16(v) -> bool:
 def compile_launch(fn, args, kwargs):
     """The launch compiled as the GPU's JIT would build it: with its divisibility hints (without them the
     loads do not vectorize, e.g. NVFP4 / FP8 key bytes load one by one)."""
-    options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages") if k in kwargs}
+    options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages", "maxnreg") if k in kwargs}
     names = [p.name for p in fn.params]
     values = dict(zip(names, args)) | kwargs
     consts = {p.name: values[p.name] for p in fn.params if p.is_constexpr}

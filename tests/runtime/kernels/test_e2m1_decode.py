@@ -30,7 +30,7 @@ def _tile_kernel(data_ptr, scale_ptr, gs_ptr, out_ptr, fac_ptr, FMT: tl.constexp
     from m3bench.runtime.kernels.kv_tiles_triton import kv_tile_factor, load_kv_tile
 
     t = tl.arange(0, TILE).to(tl.int64)
-    tile = load_kv_tile(data_ptr, scale_ptr, t * ROW, t * SROW, t < TILE, FMT, TILE, D)
+    tile = load_kv_tile(data_ptr, scale_ptr, t * ROW, t * SROW, t < TILE, FMT, TILE, D)  # SROW: scale rows
     tl.store(out_ptr + t[:, None] * D + tl.arange(0, D)[None, :], tile)
     tl.store(fac_ptr, kv_tile_factor(gs_ptr, FMT))
 
@@ -51,7 +51,7 @@ def test_quantized_tiles_decode_exactly_into_fp16(triton_interpreter, fmt):
         gs = kq.nvfp4_global_scale(x.abs().amax()).reshape(1)
         pages = kq.Nvfp4Pages(*kq.quantize_nvfp4(x, gs), gs)
         _tile_kernel[(1,)](pages.data, pages.scales.view(torch.uint8), gs, out, fac, FMT=2, TILE=16, D=64,
-                           ROW=32, SROW=4)
+                           ROW=32, SROW=1)
         codes = kq.e2m1_table(dtype=torch.float64)[kq.unpack_e2m1(pages.data).long()]  # exact, in fp64
         want = (codes.unflatten(-1, (-1, 16)) * pages.scales.double()[..., None] * gs.double()).flatten(-2)
     assert torch.isfinite(out).all()

@@ -115,3 +115,42 @@ def test_chunked_prefill_selection_equals_whole_prompt():
         parts.append(out)
     assert torch.equal(torch.cat(parts), whole)
     assert (whole[-1] >= 0).all() and len(set(whole[-60:, 0, 2:].flatten().tolist())) > 3  # selection varies
+
+
+def _poison_past_context(case):
+    """NaN keys (NVFP4: NaN scales, all-ones codes) in each request's last page past its context: the scores
+    kernel reads whole pages unmasked, and no selection may depend on what lies there."""
+    ik, page = case.ik_cache, case.ik_cache.shape[1]
+    for b, n in enumerate(case.seq_lens.tolist()):
+        last, start = int(case.block_tables[b, (n - 1) // page]), n % page
+        if start == 0:
+            continue
+        if isinstance(ik, kq.Nvfp4Pages):
+            ik.data[last, start:] = 0xFF
+            ik.scales[last, start:] = float("nan")
+        else:
+            ik[last, start:] = float("nan")
+    return case
+
+
+@pytest.mark.filterwarnings("ignore:All-NaN slice:RuntimeWarning")  # the interpreter's max over an all-NaN tile
+@pytest.mark.parametrize("fmt", list(kq.KVFormat))
+@pytest.mark.parametrize("q_lens, seq_lens", [([1, 1, 1], [700, 129, 512]), ([40, 1], [700, 300])])
+def test_keys_past_the_context_change_no_selection(fmt, q_lens, seq_lens):
+    # page 128 (decode rows: whole-page steps; the 40-token chunk: 64 keys a step), contexts that end inside a
+    # page and one at its end, 3 segments a request, an init block; the top-4 of up to 6 blocks.
+    case = _poison_past_context(make_case(21, q_lens=q_lens, seq_lens=seq_lens, fmt=fmt, hi=1, hkv=1, page=128))
+    got, want = _select(case, topk=4, init_blocks=1, num_segments=3, max_query_len=max(q_lens))
+    assert torch.equal(got, want)
+    assert (got[:, :, 2] >= 0).sum() >= 2  # real selections: past the local and the init block
+
+
+def test_nvfp4_scales_must_be_whole_rows():
+    # the kernels load a token's d/16 scales as one vector (backend.scale_row_strides)
+    case = make_case(22, q_lens=[1], seq_lens=[40], fmt=kq.KVFormat.NVFP4, hi=1, hkv=1)
+    ik = case.ik_cache
+    wide = torch.zeros(*ik.scales.shape[:-1], ik.scales.shape[-1] + 1, dtype=ik.scales.dtype)
+    odd = kq.Nvfp4Pages(ik.data, wide[..., 1:], ik.global_scale)  # rows 1 element off a multiple of d/16
+    with pytest.raises(ValueError, match="NVFP4 scales"):
+        msa_select_blocks(case.iq, odd, case.block_tables, case.seq_lens, case.query_start_loc, 2,
+                          backend=KernelBackend.TRITON, max_query_len=1)
