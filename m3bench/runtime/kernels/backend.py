@@ -73,7 +73,7 @@ class Nvfp4Decode(Enum):
 
 
 # The process-wide choice (benchmarks/nvfp4_kv.py times both). ASM since it passed its checks on the H200
-# (2026-12-02: tests/runtime/kernels/test_e2m1_decode.py -m gpu, all 256 bytes exact; the NVFP4 attention and
+# (2026-12-02: tests/runtime/kernel_tests/test_e2m1_decode.py -m gpu, all 256 bytes exact; the NVFP4 attention and
 # index kernels at rank shapes against torch, test_fused_kernels_gpu.py) and ran faster there: at batch 32 the
 # attention kernels 1.15-1.46x faster than CVT, a 60-layer step's attention 1.32x (32k) and 1.40x (128k).
 # The interpreter cannot run inline PTX: CPU tests cover CVT.
