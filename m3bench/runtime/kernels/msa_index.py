@@ -38,6 +38,7 @@ SCORE_STAGES = 2  # pipeline stages of the scores kernel (3-4 were within 1% on 
 NVFP4_DECODE_MAX_REGS = 96  # the NVFP4 scores kernel at decode rows: 123 registers a thread unbounded (Triton 3.6,
 #                             sm90), i.e. 4 programs an SM; 96 fit 5 with no spills for 4% more instructions a
 #                             step (424 -> 440); FP8 keys take 96 unbounded. None: unbounded
+RANK_BLOCKS = 128  # rows of at most this many valid blocks are selected by rank (an [n, n] compare tile)
 
 
 def msa_select_blocks(
@@ -52,8 +53,10 @@ def msa_select_blocks(
     max_query_len: int | None = None,
     backend: KernelBackend = KernelBackend.AUTO,
     num_segments: int | None = None,
+    topk_warps: int | None = None,
 ) -> torch.Tensor:
-    """Top-k key blocks per query token and index head (block score = max of iq . ik)."""
+    """Top-k key blocks per query token and index head (block score = max of iq . ik); topk_warps: the
+    selection kernel's warps (default: topk_warps_for(its rows))."""
     if not use_triton(backend, iq):
         return reference.msa_select_blocks_ref(
             iq, ik_cache, block_tables, seq_lens, query_start_loc, topk, init_blocks, out
@@ -66,7 +69,8 @@ def msa_select_blocks(
     scores = torch.empty((n_tok, hi, block_tables.shape[1]), dtype=torch.float32, device=iq.device)
     _launch_scores(iq, ik_cache, block_tables, seq_lens, query_start_loc, init_blocks,
                    scores, max(1, max_query_len), num_segments)
-    _launch_topk(scores, out, ik_cache.shape[1], seq_lens, query_start_loc, topk, max(1, max_query_len))
+    select_top_blocks(scores, out, ik_cache.shape[1], seq_lens, query_start_loc, topk, max(1, max_query_len),
+                      topk_warps)
     return out
 
 
@@ -101,14 +105,26 @@ def _register_cap(fmt: KVFormat, block_m: int) -> dict:
     return {}
 
 
-def _launch_topk(scores, out, page, seq_lens, qsl, topk, max_q):
+def select_top_blocks(scores: torch.Tensor, out: torch.Tensor, page: int, seq_lens: torch.Tensor, qsl: torch.Tensor,
+                      topk: int, max_q: int, num_warps: int | None = None) -> None:
+    """The top-k half of msa_select_blocks (Triton) on block scores [T, Hi, width] already made (width >= every
+    row's valid blocks) into out [T, Hi, topk]; num_warps: topk_warps_for(width, ...) unless given."""
     from m3bench.runtime.kernels.msa_index_triton import topk_kernel
 
-    n_req, hi = seq_lens.shape[0], scores.shape[1]
-    chunk = min(MAX_TOPK_CHUNK, max(16, next_pow2(scores.shape[-1])))
+    n_req, hi, width = seq_lens.shape[0], scores.shape[1], scores.shape[-1]
+    rank_n = max(next_pow2(topk), min(RANK_BLOCKS, next_pow2(width)))
+    chunk = min(MAX_TOPK_CHUNK, max(16, next_pow2(width)))
     topk_kernel[(n_req * max_q, hi)](
         scores, out, seq_lens, qsl, max_q,
         scores.stride(0), scores.stride(1), out.stride(0), out.stride(1),
-        PAGE=page, TOPK=topk, TOPK_P2=next_pow2(topk), CHUNK=chunk,
-        ONE_CHUNK=chunk >= scores.shape[-1], num_warps=4 if chunk <= 1024 else 8,
+        PAGE=page, TOPK=topk, TOPK_P2=next_pow2(topk), RANK_N=rank_n, LONG=width > rank_n, CHUNK=chunk,
+        ONE_CHUNK=chunk >= width, num_warps=num_warps or topk_warps_for(width, rank_n),
     )
+
+
+def topk_warps_for(width: int, rank_n: int) -> int:
+    """Rows that always fit the rank tile: a warp per 32 of its columns, so that each thread holds one
+    block's column and the rank's sum stays in the thread; longer rows: the rounds' tile, 4 or 8 warps."""
+    if width > rank_n:
+        return 4 if width <= 1024 else 8
+    return max(1, rank_n // 32)

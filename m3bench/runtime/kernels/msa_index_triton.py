@@ -5,8 +5,12 @@ request (>= 16 rows, one shared index-key head); the request's blocks are split 
 programs (split over the context). Each block's score is the max over its keys j <= pos of
 iq . ik[j] (fp32 accumulation); the local block gets +inf, init blocks INIT_SCORE; blocks after the
 local one are left unspecified (never read).
-topk_kernel, grid (B * max_q, HI): merges the segments' scores of one (token, head) row into
-the TOPK best blocks, sorted (score desc, block id asc), -1 padded.
+topk_kernel, grid (B * max_q, HI): the TOPK best blocks of one (token, head) row of scores, sorted
+(score desc, block id asc), -1 padded; NaN scores are never picked, -inf ones are (after the finite
+ones). Rows of at most RANK_N valid blocks (8k context: 64) are ranked in one pass (each block's rank
+is the count of blocks before it, from one [N, N] compare tile; rank r < TOPK lands in slot r), with
+no sequential rounds; longer rows take TOPK rounds of one max over packed int64 (score, block) keys
+(topk_keys_triton), the row in registers up to CHUNK blocks, else re-read chunk by chunk.
 NVFP4 scale strides (s_ksp, s_kst) count rows of D/16 scales (backend.scale_row_strides).
 """
 
@@ -20,6 +24,7 @@ from m3bench.runtime.kernels.kv_tiles_triton import (
     load_kv_parts,
     load_query,
 )
+from m3bench.runtime.kernels.topk_keys_triton import MAX_KEY, NO_KEY, key_index, ordered_key
 
 INIT_SCORE = tl.constexpr(3.0e38)
 NO_BLOCK = tl.constexpr(2147483647)
@@ -101,11 +106,11 @@ def _block_score(value, blk, local, INIT_BLOCKS: tl.constexpr):
 @triton.jit(do_not_specialize=["max_q"])
 def topk_kernel(
     scores_ptr, out_ptr, seq_lens_ptr, qsl_ptr, max_q, s_st, s_sh, s_ot, s_oh,
-    PAGE: tl.constexpr, TOPK: tl.constexpr, TOPK_P2: tl.constexpr,
-    CHUNK: tl.constexpr, ONE_CHUNK: tl.constexpr,
+    PAGE: tl.constexpr, TOPK: tl.constexpr, TOPK_P2: tl.constexpr, RANK_N: tl.constexpr,
+    LONG: tl.constexpr, CHUNK: tl.constexpr, ONE_CHUNK: tl.constexpr,
 ):
-    """TOPK rounds of "largest (score, -id) after the previous pick"; with ONE_CHUNK the whole
-    score row stays in registers (one load), else every round re-reads it chunk by chunk."""
+    """The TOPK best blocks of one (token, head) row: by rank when the row has at most RANK_N valid
+    blocks, else (LONG: rows that may be longer) by TOPK rounds of one max over packed keys."""
     pid = tl.program_id(0)
     head = tl.program_id(1)
     b = pid // max_q
@@ -117,42 +122,61 @@ def topk_kernel(
     tok = (q_start + t).to(tl.int64)
     n_valid = (tl.load(seq_lens_ptr + b) - q_len + t) // PAGE + 1
     row = scores_ptr + tok * s_st + head * s_sh
+    out_row = out_ptr + tok * s_ot + head * s_oh
+    if LONG:
+        if n_valid <= RANK_N:
+            _select_by_rank(row, out_row, n_valid, TOPK, RANK_N)
+        else:
+            _select_by_rounds(row, out_row, n_valid, TOPK, TOPK_P2, CHUNK, ONE_CHUNK)
+    else:
+        _select_by_rank(row, out_row, n_valid, TOPK, RANK_N)
+
+
+@triton.jit
+def _select_by_rank(row, out_row, n_valid, TOPK: tl.constexpr, N: tl.constexpr):
+    """Rows of at most N valid blocks, in one pass: block i's rank is the number of blocks j ordered
+    before it (a higher score, or the same score and a lower id), and rank r < TOPK goes to slot r.
+    NaN scores (and the masked blocks >= n_valid, loaded as NaN) compare false with everything, so they
+    rank nowhere and are not picked; the TOPK slots are set to -1 first, for rows with fewer picks.
+    The compare tile is [j, i] so that its reduction runs over j, the axis each thread holds whole
+    (the j scores reach every thread through one shared-memory broadcast): no shuffles."""
+    j = tl.arange(0, N)[:, None]
+    i = tl.arange(0, N)[None, :]
+    tl.store(out_row + i, -1, mask=i < TOPK)
+    vj = tl.load(row + j, mask=j < n_valid, other=float("nan"))
+    vi = tl.load(row + i, mask=i < n_valid, other=float("nan"))
+    before = (vj > vi) | ((vj == vi) & (j < i))
+    rank = tl.sum(before.to(tl.int32), axis=0, keep_dims=True)
+    tl.debug_barrier()  # the -1 stores land before the picks that overwrite some of them
+    tl.store(out_row + rank, i, mask=(vi == vi) & (rank < TOPK))
+
+
+@triton.jit
+def _select_by_rounds(row, out_row, n_valid, TOPK: tl.constexpr, TOPK_P2: tl.constexpr, CHUNK: tl.constexpr,
+                      ONE_CHUNK: tl.constexpr):
+    """TOPK rounds of "the largest key below the previous pick"; with ONE_CHUNK the whole row stays in
+    registers (one load), else every round re-reads it chunk by chunk."""
     slots = tl.arange(0, TOPK_P2)
     ids = tl.full([TOPK_P2], -1, tl.int32)
     idx0 = tl.arange(0, CHUNK)
-    row_vals = tl.load(row + idx0, mask=idx0 < n_valid, other=float("-inf"))
-    prev_val = float("inf")
-    prev_idx = -1
+    keys = ordered_key(tl.load(row + idx0, mask=idx0 < n_valid, other=float("nan")), idx0, idx0 < n_valid)
+    prev = tl.full([], MAX_KEY, tl.int64)
     for k in range(TOPK):
         if ONE_CHUNK:
-            best_val, best_idx = _best_after(row_vals, idx0, n_valid, prev_val, prev_idx)
+            best = tl.max(tl.where(keys < prev, keys, NO_KEY), axis=0)
         else:
-            best_val, best_idx = _next_best(row, n_valid, prev_val, prev_idx, CHUNK)
-        ids = tl.where(slots == k, tl.where(best_idx == NO_BLOCK, -1, best_idx), ids)
-        prev_val = best_val
-        prev_idx = best_idx
-    tl.store(out_ptr + tok * s_ot + head * s_oh + slots, ids, mask=slots < TOPK)
+            best = _next_key(row, n_valid, prev, CHUNK)
+        ids = tl.where(slots == k, key_index(best), ids)
+        prev = best
+    tl.store(out_row + slots, ids, mask=slots < TOPK)
 
 
 @triton.jit
-def _best_after(v, idx, n_valid, prev_val, prev_idx):
-    """Largest (v, -idx) strictly after (prev_val, -prev_idx) among idx < n_valid; NO_BLOCK if none."""
-    ok = (idx < n_valid) & ((v < prev_val) | ((v == prev_val) & (idx > prev_idx)))
-    v = tl.where(ok, v, float("-inf"))
-    best = tl.max(v, axis=0)
-    return best, tl.min(tl.where(ok & (v == best), idx, NO_BLOCK), axis=0)
-
-
-@triton.jit
-def _next_best(row, n_valid, prev_val, prev_idx, CHUNK: tl.constexpr):
-    """_best_after over a score row too long for registers, read chunk by chunk."""
-    best_val = float("-inf")
-    best_idx = NO_BLOCK
+def _next_key(row, n_valid, prev, CHUNK: tl.constexpr):
+    """The largest key below `prev` in a row too long for registers, read chunk by chunk."""
+    best = tl.full([], NO_KEY, tl.int64)
     for c in range(tl.cdiv(n_valid, CHUNK)):
         idx = c * CHUNK + tl.arange(0, CHUNK)
-        v = tl.load(row + idx, mask=idx < n_valid, other=float("-inf"))
-        c_val, c_idx = _best_after(v, idx, n_valid, prev_val, prev_idx)
-        better = (c_val > best_val) & (c_idx != NO_BLOCK)
-        best_idx = tl.where(better, c_idx, best_idx)
-        best_val = tl.where(better, c_val, best_val)
-    return best_val, best_idx
+        keys = ordered_key(tl.load(row + idx, mask=idx < n_valid, other=float("nan")), idx, idx < n_valid)
+        best = tl.maximum(best, tl.max(tl.where(keys < prev, keys, NO_KEY), axis=0))
+    return best

@@ -37,7 +37,7 @@ from m3bench.runtime.kernels.attention import paged_attention
 from m3bench.runtime.kernels.backend import KernelBackend
 from m3bench.runtime.kernels.kv_write import write_pages
 from m3bench.runtime.kernels.moe import MoeScales, MoeTiles, SharedExpert, fused_moe
-from m3bench.runtime.kernels.msa_index import msa_select_blocks
+from m3bench.runtime.kernels.msa_index import msa_select_blocks, select_top_blocks
 from m3bench.runtime.kernels.mxfp8 import mxfp8_linear
 from m3bench.runtime.kernels.norm_rope import Branch, BranchWrite, norm_rope_write, norm_rope_write_pair
 from m3bench.runtime.kernels.router import router_topk, router_topk_align
@@ -198,6 +198,9 @@ def record_fused(caches, x3):
     router_topk(torch.randn(64, 128), torch.randn(128), 4, 2.0)
     for n_tok in (1, 4, 16):  # the router aligning one rank's picks (16 of 128 experts, + the shared one)
         router_topk_align(torch.randn(n_tok, 128), torch.randn(128), 4, 2.0, 16, 16, 16, True)
+    for width in (64, 1024, 8192):  # MSA top-16 of 8k / 128k / 1M-token block-score rows: rank, rounds, chunks
+        select_top_blocks(torch.randn(1, 1, width), torch.empty(1, 1, 16, dtype=torch.int32), 128,
+                          torch.full((1,), 900, dtype=torch.int32), torch.arange(2, dtype=torch.int32), 16, 1)
     h = torch.randn(64, 6144).to(torch.bfloat16)
     add_rms_norm_fused(h, h, torch.zeros(6144, dtype=torch.bfloat16), 1e-6, True)
     add_rms_norm_fused(h, h, torch.zeros(6144, dtype=torch.bfloat16), 1e-6, True, y32_out=torch.empty(64, 6144))

@@ -72,3 +72,73 @@ def check_router_align(dev: torch.device, n_tok: int, first: int, shared: bool, 
     # sums may round differently in the last bit (H200: <= 2.4e-7 relative)
     tol = 0 if dev.type == "cpu" else 1e-6
     torch.testing.assert_close(w, want_w, rtol=tol, atol=tol / 10)
+
+
+TOKEN_COUNTS = [1, 2, 3, 4, 5, 8, 13, 16]
+
+
+def tied_logits(n_tok: int, n_exp: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits and bias on coarse grids, so that many experts tie on sigmoid + bias (some at the top-k's edge)."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randint(-3, 4, (n_tok, n_exp), generator=g).float() / 2
+    bias = torch.randint(-1, 2, (n_exp,), generator=g).float() / 4
+    return logits, bias
+
+
+def stable_route(logits, bias, k, scale):
+    """The router's contract: top-k of sigmoid + bias, ties to the lowest expert, in order; weights the
+    picks' sigmoids renormalised to sum `scale`."""
+    s = torch.sigmoid(logits)
+    ids = torch.sort(s + bias, dim=-1, descending=True, stable=True).indices[:, :k]
+    w = s.gather(1, ids)
+    return w / w.sum(-1, keepdim=True) * scale, ids
+
+
+@pytest.mark.parametrize("n_tok", TOKEN_COUNTS)
+def test_router_picks_ties_like_a_stable_sort(triton_interpreter, n_tok):
+    logits, bias = tied_logits(n_tok, 128, seed=n_tok)
+    w, ids = router_topk(logits, bias, 4, 2.0)
+    want_w, want_ids = stable_route(logits, bias, 4, 2.0)
+    assert torch.equal(ids, want_ids)
+    torch.testing.assert_close(w, want_w, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("n_tok", TOKEN_COUNTS)
+def test_router_kernels_equal_the_replaced_ones(triton_interpreter, n_tok):
+    """Ids, local ids and the alignment exactly as the kernels before the packed-key rewrite; weights
+    bit for bit (the interpreter sums the renormalising weights in one order)."""
+    from benchmark_scripts import load_benchmark
+
+    from m3bench.runtime.kernels.router import router_topk_align
+
+    old = load_benchmark("topk_baseline_triton")
+    logits, bias = tied_logits(n_tok, 128, seed=100 + n_tok)
+    for got, want in zip(router_topk(logits, bias, 4, 2.0), old.router_topk_v0(logits, bias, 4, 2.0)):
+        assert torch.equal(got, want)
+    shared = n_tok >= 5
+    (w, ids, al), (w0, ids0, al0) = (fn(logits, bias, 4, 2.0, 16, 16, 16, shared)
+                                     for fn in (router_topk_align, old.router_topk_align_v0))
+    n = int(al0.n_post)
+    assert torch.equal(w, w0) and torch.equal(ids, ids0) and int(al.n_post) == n
+    assert torch.equal(al.sorted_ids[:n], al0.sorted_ids[:n]) and torch.equal(al.block_expert[:n // 16],
+                                                                              al0.block_expert[:n // 16])
+
+
+@pytest.mark.parametrize("n_tok", TOKEN_COUNTS)
+@pytest.mark.parametrize("shared", [False, True])
+def test_router_align_at_every_token_count(triton_interpreter, n_tok, shared):
+    check_router_align(torch.device("cpu"), n_tok, 16 * (n_tok % 8), shared)
+
+
+def test_router_align_with_a_larger_block(triton_interpreter):
+    # BLOCK_M 64 > the tokens: an expert's padding spans several BLOCK_T-wide stores
+    from m3bench.runtime.kernels.moe import moe_align
+    from m3bench.runtime.kernels.router import router_topk_align
+
+    logits, bias = tied_logits(3, 128, seed=3)
+    bias[:16] += 2.0
+    w, ids, al = router_topk_align(logits, bias, 4, 2.0, 0, 16, 64, True)
+    sorted_ids, block_expert, n_post = moe_align(ids.reshape(-1), 16, 64, 3)
+    n = int(n_post)
+    assert int(al.n_post) == n and torch.equal(al.sorted_ids[:n], sorted_ids[:n])
+    assert torch.equal(al.block_expert[:n // 64], block_expert[:n // 64])
