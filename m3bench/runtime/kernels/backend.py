@@ -91,6 +91,40 @@ def nvfp4_asm(t: torch.Tensor) -> bool:
             and t.dtype != torch.float32 and sm_capability(t.device.index or 0) >= (8, 9))
 
 
+class Pdl(Enum):
+    """Programmatic dependent launch of the runtime's Triton kernels (CUDA sm90+; kernels/pdl_triton.py): each
+    kernel may start while the one before it in the stream finishes, and waits before touching global memory."""
+
+    OFF = "off"
+    ON = "on"  # wait, then let the next kernel launch
+    EARLY = "early"  # let the next kernel launch, then wait (pdl_probe.py: 1.01 against 1.12 us a tiny launch)
+
+
+PDL_CODE = {Pdl.OFF: 0, Pdl.ON: 1, Pdl.EARLY: 2}  # the kernels' PDL constexpr (pdl_triton.pdl_wait)
+
+# The process-wide choice. OFF until timed on the H200 (benchmarks/decode_step.py --ops-sets skinny skinny-pdl
+# skinny-pdl-early times the three in one run); flipping the default is this one line.
+PDL = {"launch": Pdl.OFF}
+
+
+def pdl_device(t: torch.Tensor) -> bool:
+    """Whether kernels on t's device can launch with PDL: CUDA sm90+ (the interpreter cannot run its PTX)."""
+    return t.is_cuda and not interpreting() and sm_capability(t.device.index or 0) >= (9, 0)
+
+
+def pdl_launch(t: torch.Tensor) -> bool:
+    """Whether a kernel launched on t's device launches with PDL: chosen (PDL) and possible there."""
+    return PDL["launch"] is not Pdl.OFF and pdl_device(t)
+
+
+def pdl_args(t: torch.Tensor) -> dict:
+    """The keywords every Triton launch passes, `kernel[grid](..., **pdl_args(t))`: the kernel's PDL code and,
+    when on, launch_pdl (left out when off, so Triton builds without that option stay as they were)."""
+    if not pdl_launch(t):
+        return {"PDL": 0}
+    return {"PDL": PDL_CODE[PDL["launch"]], "launch_pdl": True}
+
+
 def cache_kernel_args(cache: PagedTensor):
     """(data, scales, global scale) tensors for the kernel; dummies where a format has none."""
     fmt = kv_format_of(cache)

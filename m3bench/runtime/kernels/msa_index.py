@@ -23,6 +23,7 @@ from m3bench.runtime.kernels.backend import (
     interpreting,
     next_pow2,
     nvfp4_asm,
+    pdl_args,
     target_programs,
     use_triton,
 )
@@ -85,7 +86,7 @@ def _launch_scores(iq, ik_cache, block_tables, seq_lens, qsl, init_blocks, score
         HI=hi, D=d, PAGE=page, TILE=tile, BLOCK_M=block_m, BLOCK_Q=block_q,
         INIT_BLOCKS=init_blocks, FMT=FMT_CODE[kv_format_of(ik_cache)],
         F32=iq.dtype == torch.float32 or interpreting(), ASM=kv_format_of(ik_cache) is KVFormat.NVFP4 and nvfp4_asm(iq),
-        num_warps=4, num_stages=2,
+        num_warps=4, num_stages=2, **pdl_args(iq),
     )
 
 
@@ -98,5 +99,5 @@ def _launch_topk(scores, out, page, seq_lens, qsl, topk, max_q):
         scores, out, seq_lens, qsl, max_q,
         scores.stride(0), scores.stride(1), out.stride(0), out.stride(1),
         PAGE=page, TOPK=topk, TOPK_P2=next_pow2(topk), CHUNK=chunk,
-        ONE_CHUNK=chunk >= scores.shape[-1], num_warps=4 if chunk <= 1024 else 8,
+        ONE_CHUNK=chunk >= scores.shape[-1], num_warps=4 if chunk <= 1024 else 8, **pdl_args(scores),
     )

@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from m3bench.runtime.kernels.kv_tiles_triton import dot_parts, kv_tile_factor, load_kv_parts, load_query
+from m3bench.runtime.kernels.pdl_triton import pdl_wait
 
 INIT_SCORE = tl.constexpr(3.0e38)
 NO_BLOCK = tl.constexpr(2147483647)
@@ -23,8 +24,9 @@ def block_scores_kernel(
     s_qt, s_qh, s_kp, s_kt, s_ksp, s_kst, s_bt, s_st, s_sh,
     HI: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, TILE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, INIT_BLOCKS: tl.constexpr, FMT: tl.constexpr, F32: tl.constexpr,
-    ASM: tl.constexpr,
+    ASM: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
     pid = tl.program_id(0)
     seg = tl.program_id(1)
     b = pid // n_qblk
@@ -79,10 +81,11 @@ def block_scores_kernel(
 def topk_kernel(
     scores_ptr, out_ptr, seq_lens_ptr, qsl_ptr, max_q, s_st, s_sh, s_ot, s_oh,
     PAGE: tl.constexpr, TOPK: tl.constexpr, TOPK_P2: tl.constexpr,
-    CHUNK: tl.constexpr, ONE_CHUNK: tl.constexpr,
+    CHUNK: tl.constexpr, ONE_CHUNK: tl.constexpr, PDL: tl.constexpr,
 ):
     """TOPK rounds of "largest (score, -id) after the previous pick"; with ONE_CHUNK the whole
     score row stays in registers (one load), else every round re-reads it chunk by chunk."""
+    pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
     pid = tl.program_id(0)
     head = tl.program_id(1)
     b = pid // max_q

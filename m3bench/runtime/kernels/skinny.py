@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from m3bench.runtime.kernels.backend import interpreting, next_pow2, sm_count
+from m3bench.runtime.kernels.backend import interpreting, next_pow2, pdl_args, sm_count
 from m3bench.runtime.kernels.moe import ACT_CODE
 from m3bench.runtime.kernels.mx_linear import SMS, MxKernel, MxTiles, block_k_for, check_split, split_counters
 from m3bench.runtime.kernels.reference import MoeActivation
@@ -105,12 +105,13 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
                 BLOCK_K=t.block_k, HAS_BIAS=bias is not None or add is not None, EVEN=even, num_warps=t.num_warps,
                 num_stages=t.num_stages)
     if t.kernel is MxKernel.GEMV:  # the MXFP8 GEMV unscaled (its scale pointer and stride unused)
-        mx_tiles_triton.mx_gemv_kernel[grid](*head, weight, *tail, 0, y.stride(0), s_bm, **meta, SCALED=False)
+        mx_tiles_triton.mx_gemv_kernel[grid](*head, weight, *tail, 0, y.stride(0), s_bm, **meta, SCALED=False,
+                                             **pdl_args(x2))
     else:
         act = gate or Gate(MoeActivation.SILU, 1.0, 0.0)
         kt.skinny_dot_kernel[grid](*head, *tail, y.stride(0), s_bm, float(act.alpha), float(act.limit), **meta,
                                    F32=x2.dtype == torch.float32 or interpreting(), GATED=gate is not None,
-                                   ACT=ACT_CODE[act.activation])
+                                   ACT=ACT_CODE[act.activation], **pdl_args(x2))
     return y.reshape(*lead, n)
 
 
