@@ -9,6 +9,7 @@ from enum import Enum
 
 import torch
 
+from m3bench.runtime.errors import InputError
 from m3bench.runtime.kernels.kv_quant import (
     KVFormat,
     Nvfp4Pages,
@@ -102,9 +103,22 @@ class Pdl(Enum):
 
 PDL_CODE = {Pdl.OFF: 0, Pdl.ON: 1, Pdl.EARLY: 2}  # the kernels' PDL constexpr (pdl_triton.pdl_wait)
 
-# The process-wide choice. OFF until timed on the H200 (benchmarks/decode_step.py --ops-sets skinny skinny-pdl
-# skinny-pdl-early times the three in one run); flipping the default is this one line.
-PDL = {"launch": Pdl.OFF}
+# The default. OFF until timed on the H200 (benchmarks/decode_step.py --ops-sets skinny skinny-pdl skinny-pdl-early
+# times the three in one run); flipping it is this one line.
+PDL_DEFAULT = Pdl.OFF
+PDL_ENV_VAR = "M3BENCH_PDL"  # off / on / early: this process's choice instead (e.g. a GPU test run with PDL on)
+
+
+def pdl_from_env() -> Pdl:
+    """PDL_ENV_VAR's mode, PDL_DEFAULT when unset."""
+    raw = os.environ.get(PDL_ENV_VAR, PDL_DEFAULT.value)
+    try:
+        return Pdl(raw)
+    except ValueError:
+        raise InputError(f"{PDL_ENV_VAR}={raw!r}: expected one of {[p.value for p in Pdl]}") from None
+
+
+PDL = {"launch": pdl_from_env()}  # the process-wide choice (read once; benchmarks switch it in place)
 
 
 def pdl_device(t: torch.Tensor) -> bool:

@@ -48,6 +48,18 @@ def test_pdl_off_when_not_chosen_or_not_possible(monkeypatch):
     assert not pdl_launch(_gpu()) and pdl_args(_gpu()) == {"PDL": 0}  # the interpreter runs no PTX
 
 
+def test_pdl_mode_from_the_environment(monkeypatch):
+    from m3bench.runtime.errors import InputError
+
+    monkeypatch.delenv(backend.PDL_ENV_VAR, raising=False)
+    assert backend.pdl_from_env() is backend.PDL_DEFAULT
+    monkeypatch.setenv(backend.PDL_ENV_VAR, "early")
+    assert backend.pdl_from_env() is Pdl.EARLY
+    monkeypatch.setenv(backend.PDL_ENV_VAR, "yes")
+    with pytest.raises(InputError, match="M3BENCH_PDL='yes'"):
+        backend.pdl_from_env()
+
+
 PTX = """
 .visible .entry k(
 	.param .u64 .ptr .global .align 1 k_param_0,
