@@ -124,10 +124,11 @@ def mx_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: 
     args = (x, weight, scale.view(torch.uint8), bias if bias is not None else y, y, parts,
             split_counters(x.device), m, x.stride(0), weight.stride(0), scale.stride(0), y.stride(0))
     meta = dict(N=n, K=k, K_SPLIT=k // t.split_k, SPLIT=t.split_k, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
-                BLOCK_K=t.block_k, HAS_BIAS=bias is not None, num_warps=t.num_warps, num_stages=t.num_stages)
+                BLOCK_K=t.block_k, HAS_BIAS=bias is not None, num_warps=t.num_warps, num_stages=t.num_stages,
+                **pdl_args(x))
     if t.kernel is MxKernel.GEMV:
-        kt.mx_gemv_kernel[grid](*args, 0, **meta, SCALED=True, EVEN=False, **pdl_args(x))  # 0: the bias's row stride
+        kt.mx_gemv_kernel[grid](*args, 0, **meta, SCALED=True, EVEN=False)  # 0: the bias's row stride
     else:
         kt.mx_dot_kernel[grid](*args, **meta, F32=x.dtype == torch.float32 or interpreting(),
-                               EVEN=n % t.block_n == 0 and k % t.block_k == 0, **pdl_args(x))
+                               EVEN=n % t.block_n == 0 and k % t.block_k == 0)
     return y

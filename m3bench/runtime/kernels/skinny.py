@@ -103,15 +103,14 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     even = n % t.block_n == 0 and k % t.block_k == 0
     meta = dict(N=n, K=k, K_SPLIT=k // t.split_k, SPLIT=t.split_k, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
                 BLOCK_K=t.block_k, HAS_BIAS=bias is not None or add is not None, EVEN=even, num_warps=t.num_warps,
-                num_stages=t.num_stages)
+                num_stages=t.num_stages, **pdl_args(x2))
     if t.kernel is MxKernel.GEMV:  # the MXFP8 GEMV unscaled (its scale pointer and stride unused)
-        mx_tiles_triton.mx_gemv_kernel[grid](*head, weight, *tail, 0, y.stride(0), s_bm, **meta, SCALED=False,
-                                             **pdl_args(x2))
+        mx_tiles_triton.mx_gemv_kernel[grid](*head, weight, *tail, 0, y.stride(0), s_bm, **meta, SCALED=False)
     else:
         act = gate or Gate(MoeActivation.SILU, 1.0, 0.0)
         kt.skinny_dot_kernel[grid](*head, *tail, y.stride(0), s_bm, float(act.alpha), float(act.limit), **meta,
                                    F32=x2.dtype == torch.float32 or interpreting(), GATED=gate is not None,
-                                   ACT=ACT_CODE[act.activation], **pdl_args(x2))
+                                   ACT=ACT_CODE[act.activation])
     return y.reshape(*lead, n)
 
 

@@ -7,6 +7,9 @@ kernel passes the wait first.
     wait_problems(ptx)             -> [] when the wait comes first, else what comes before it (or that it is missing)
     trigger_side(ptx)              -> "before" / "after" the wait: where griddepcontrol.launch_dependents sits
     has_gdc(ptx)                   -> any griddepcontrol instruction at all (a PDL-off variant has none)
+    opcode_counts(ptx)             -> the entry function's opcodes and their counts, griddepcontrol left out (a PDL
+                                      twin with the same counts as its PDL-off variant does the same arithmetic,
+                                      only scheduled around the wait)
     flag_problems(launches, code)  -> launches whose PDL / launch_pdl keywords do not match the mode's code
 
 Pure Python, no triton import: test_pdl.py checks these on hand-written inputs.
@@ -15,6 +18,7 @@ Pure Python, no triton import: test_pdl.py checks these on hand-written inputs.
 from __future__ import annotations
 
 import re
+from collections import Counter
 
 WAIT = "griddepcontrol.wait"
 TRIGGER = "griddepcontrol.launch_dependents"
@@ -93,6 +97,11 @@ def trigger_side(ptx: str) -> str | None:
 
 def has_gdc(ptx: str) -> bool:
     return "griddepcontrol" in ptx
+
+
+def opcode_counts(ptx: str) -> Counter:
+    return Counter(op for op in (opcode(s) for s in entry_statements(ptx) if not s.endswith(":"))
+                   if not op.startswith("griddepcontrol"))
 
 
 def flag_problems(launches, code: int) -> list[str]:

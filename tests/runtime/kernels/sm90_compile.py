@@ -9,8 +9,9 @@ PDL (kernels/pdl_triton.py): the launches are recorded under every backend.Pdl m
 as on an H200); each launch must pass PDL with the mode's code and launch_pdl exactly when on, and every kernel
 of the modules must be launched. PDL-off variants compile as before (no griddepcontrol in their PTX); every
 variant's ON twin and one EARLY variant per kernel compile too, each with the static race check on its PTX
-(pdl_checks.py: the wait before any global access). --record-only: the launch checks alone; --pdl-only: no
-PDL-off compiles.
+(pdl_checks.py: the wait before any global access) and the same instructions as its PDL-off variant (only
+scheduled around the wait: the same arithmetic). --record-only: the launch checks alone; --pdl-only: no PDL-off
+compiles (nor the instruction comparison).
 """
 
 import os
@@ -51,7 +52,7 @@ from m3bench.runtime.kernels.norm_rope import Branch, BranchWrite, norm_rope_wri
 from m3bench.runtime.kernels.router import router_topk, router_topk_align
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # pdl_checks.py, beside this script
-from pdl_checks import flag_problems, has_gdc, trigger_side, wait_problems  # noqa: E402
+from pdl_checks import flag_problems, has_gdc, opcode_counts, trigger_side, wait_problems  # noqa: E402
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.uint8: "u8",
            torch.int32: "i32", torch.int64: "i64", torch.float8_e4m3fn: "fp8e4nv"}
@@ -267,13 +268,17 @@ def launch_problems(runs: dict) -> list[str]:
     return sorted(set(problems))
 
 
+def variant_key(fn, args, kwargs, pdl: bool = True) -> tuple:
+    """What tells variants apart: kernel, constexprs and options (pdl False: PDL's left out), argument types."""
+    kw = {k: v for k, v in kwargs.items() if pdl or k not in ("PDL", "launch_pdl")}
+    return fn.__name__, tuple(sorted((k, str(v)) for k, v in kw.items())), tuple(_sig_type(a) for a in args)
+
+
 def variants(launches: list) -> list:
-    """The first launch of each distinct variant (kernel, constexprs and options, argument types)."""
+    """The first launch of each distinct variant."""
     seen = {}
-    for fn, args, kwargs in launches:
-        key = (fn.__name__, tuple(sorted((k, str(v)) for k, v in kwargs.items())),
-               tuple(_sig_type(a) for a in args))
-        seen.setdefault(key, (fn, args, kwargs))
+    for launch in launches:
+        seen.setdefault(variant_key(*launch), launch)
     return list(seen.values())
 
 
@@ -284,9 +289,9 @@ def one_per_kernel(launches: list) -> list:
     return list(first.values())
 
 
-def pdl_problems(ptx: str, code: int, launch_pdl: bool) -> list[str]:
+def pdl_problems(ptx: str, code: int, launch_pdl: bool, off_ptx: str | None) -> list[str]:
     """PDL off: no griddepcontrol at all. On: the wait first (pdl_checks), the trigger on its side (code 1 after
-    the wait, 2 before it), built with launch_pdl."""
+    the wait, 2 before it), built with launch_pdl, and (given its PDL-off twin's PTX) the same instructions."""
     if code == 0:
         return ["griddepcontrol in a PDL-off variant"] if has_gdc(ptx) else []
     problems = wait_problems(ptx)
@@ -295,24 +300,26 @@ def pdl_problems(ptx: str, code: int, launch_pdl: bool) -> list[str]:
         problems.append(f"launch_dependents {trigger_side(ptx)} the wait, want {want}")
     if not launch_pdl:
         problems.append("built without launch_pdl")
+    if off_ptx is not None and opcode_counts(ptx) != opcode_counts(off_ptx):
+        problems.append("other instructions than its PDL-off variant")
     return problems
 
 
-def compile_variant(fn, args, kwargs) -> bool:
-    """Compile one variant for sm90 and check its PDL order; prints ok / FAIL."""
+def compile_variant(fn, args, kwargs, off_ptx: str | None = None) -> str | None:
+    """Compile one variant for sm90 and check it (pdl_problems); prints ok / FAIL; its PTX, None when it failed."""
     try:
         compiled = compile_launch(fn, args, dict(kwargs))
         smem = compiled.metadata.shared
         if smem > SM90_MAX_SMEM:
             raise RuntimeError(f"needs {smem} B of shared memory, sm90 has {SM90_MAX_SMEM}")
-        problems = pdl_problems(compiled.asm["ptx"], kwargs["PDL"], compiled.metadata.launch_pdl)
+        problems = pdl_problems(compiled.asm["ptx"], kwargs["PDL"], compiled.metadata.launch_pdl, off_ptx)
         if problems:
-            raise RuntimeError("PDL race check: " + "; ".join(problems))
+            raise RuntimeError("PDL check: " + "; ".join(problems))
         print(f"ok   {fn.__name__} smem={smem} {dict(kwargs)}")
-        return True
+        return compiled.asm["ptx"]
     except Exception as exc:  # noqa: BLE001 - report every failing variant
         print(f"FAIL {fn.__name__} {dict(kwargs)}: {type(exc).__name__}: {str(exc)[:2000]}")
-        return False
+        return None
 
 
 def main() -> int:
@@ -325,14 +332,16 @@ def main() -> int:
           f"({len(kernel_names())} kernels, {len(runs)} PDL modes)")
     if "--record-only" in sys.argv:
         return 1 if flags or not runs[backend.Pdl.OFF] else 0
-    todo = [] if "--pdl-only" in sys.argv else variants(runs[backend.Pdl.OFF])
-    todo += variants(runs[backend.Pdl.ON]) + one_per_kernel(runs[backend.Pdl.EARLY])
-    ok = [compile_variant(*launch) for launch in todo]
-    pdl = [good for good, launch in zip(ok, todo) if launch[2]["PDL"]]
-    print(f"{sum(ok)}/{len(todo)} variants compiled for sm90")
-    print(f"race check: {sum(pdl)}/{len(pdl)} PDL variants wait before any global access "
-          f"({len({launch[0].__name__ for launch in todo if launch[2]['PDL']})} kernels)")
-    return 1 if flags or not all(ok) or not pdl else 0
+    off = [] if "--pdl-only" in sys.argv else variants(runs[backend.Pdl.OFF])
+    off_ptx = {variant_key(*launch, pdl=False): compile_variant(*launch) for launch in off}
+    pdl = variants(runs[backend.Pdl.ON]) + one_per_kernel(runs[backend.Pdl.EARLY])
+    pdl_ok = [compile_variant(*launch, off_ptx.get(variant_key(*launch, pdl=False))) is not None for launch in pdl]
+    n_ok = sum(p is not None for p in off_ptx.values()) + sum(pdl_ok)
+    print(f"{n_ok}/{len(off) + len(pdl)} variants compiled for sm90")
+    print(f"race check: {sum(pdl_ok)}/{len(pdl)} PDL variants wait before any global access "
+          f"({len({launch[0].__name__ for launch in pdl})} kernels)"
+          + ("" if not off else "; the same instructions as their PDL-off variants"))
+    return 1 if flags or n_ok < len(off) + len(pdl) or not pdl else 0
 
 
 if __name__ == "__main__":

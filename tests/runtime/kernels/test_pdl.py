@@ -14,7 +14,7 @@ import torch
 from m3bench.runtime.kernels import backend
 from m3bench.runtime.kernels.backend import Pdl, pdl_args, pdl_launch
 
-from .pdl_checks import flag_problems, has_gdc, trigger_side, wait_problems
+from .pdl_checks import flag_problems, has_gdc, opcode_counts, trigger_side, wait_problems
 
 SCRIPT = Path(__file__).with_name("sm90_compile.py")
 
@@ -127,6 +127,14 @@ def test_trigger_side_and_presence():
     assert trigger_side(early) == "before" and wait_problems(early) == []
     off = PTX.replace("griddepcontrol.wait ;", "").replace("griddepcontrol.launch_dependents ;", "")
     assert trigger_side(off) is None and not has_gdc(off)
+
+
+def test_opcode_counts_ignore_the_gdc_instructions_and_the_order():
+    on = PTX.replace("{HEAD}", "")
+    off = on.replace("griddepcontrol.wait ;", "").replace("griddepcontrol.launch_dependents ;", "")
+    moved = off.replace("mov.u32 \t%r4, %ctaid.x;", "").replace("ret;", "mov.u32 %r9, %ctaid.x;\n\tret;")
+    assert opcode_counts(on) == opcode_counts(off) == opcode_counts(moved)  # moved: later, another register
+    assert opcode_counts(PTX.replace("{HEAD}", "fma.rn.f32 %r1, %r2, %r3, %r4;")) != opcode_counts(on)
 
 
 def test_flag_problems_name_every_mismatch():

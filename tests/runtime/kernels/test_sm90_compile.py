@@ -21,4 +21,5 @@ def test_kernels_compile_for_sm90():
     if "ptxas" in proc.stdout + proc.stderr and "not found" in proc.stdout + proc.stderr:
         pytest.skip("no ptxas in this triton install")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    assert "variants compiled for sm90" in proc.stdout and "race check:" in proc.stdout
+    assert "variants compiled for sm90" in proc.stdout
+    assert "the same instructions as their PDL-off variants" in proc.stdout  # and the race check passed
