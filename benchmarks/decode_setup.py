@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from contextlib import contextmanager
 from enum import Enum
 
 import torch
@@ -184,22 +185,49 @@ class OpsSet(Enum):
     #                  tiles are always on (no switch)
     SKINNY = "skinny"  # + the skinny decode GEMMs (kernels/skinny.py) for every plain linear at <= 16 rows and the
     #                    fp32 router at <= 4, gate|up GEMMs ending in their activation, the shared expert's down
-    #                    GEMM adding the routed experts' sum (the runtime's default)
+    #                    GEMM adding the routed experts' sum (the runtime's default); programmatic dependent
+    #                    launch off (kernels.backend.Pdl.OFF, whatever the runtime's default)
+    SKINNY_PDL = "skinny-pdl"  # + every Triton kernel launched with PDL, the trigger after its wait (Pdl.ON)
+    SKINNY_PDL_EARLY = "skinny-pdl-early"  # ... the trigger before its wait (Pdl.EARLY)
 
     def holds(self, other: "OpsSet") -> bool:
         order = list(OpsSet)
         return order.index(self) >= order.index(other)
 
 
+def pdl_of(ops: OpsSet):
+    """The PDL mode (kernels.backend.Pdl) an ops set runs its Triton kernels with."""
+    from m3bench.runtime.kernels.backend import Pdl
+
+    return {OpsSet.SKINNY_PDL: Pdl.ON, OpsSet.SKINNY_PDL_EARLY: Pdl.EARLY}.get(ops, Pdl.OFF)
+
+
+@contextmanager
+def pdl_mode(mode=None):
+    """Inside: the process-wide PDL switch (kernels.backend.PDL) set to `mode` (None: left as it is, though set_ops
+    may change it); restored after."""
+    from m3bench.runtime.kernels.backend import PDL
+
+    before = PDL["launch"]
+    if mode is not None:
+        PDL["launch"] = mode
+    try:
+        yield
+    finally:
+        PDL["launch"] = before
+
+
 def set_ops(model, ops: OpsSet) -> None:
     """Switch the model's fast path to the fused ops of `ops` (TritonBackend.fuse_ops, SparseMoe's
     fuse_router / fuse_shared / fuse_align / fuse_router_input, Attention.fuse_branches, GatedMLP.fuse_act,
-    the layers' skinny_rows)."""
+    the layers' skinny_rows) and the process to its PDL mode (kernels.backend.PDL; pdl_mode() restores it)."""
+    from m3bench.runtime.kernels.backend import PDL
     from m3bench.runtime.kernels.skinny import SKINNY_MAX_ROWS
     from m3bench.runtime.layers.linear import set_skinny_rows
     from m3bench.runtime.layers.moe import SparseMoe
 
     fused, fused_v1 = ops.holds(OpsSet.FUSED), ops.holds(OpsSet.FUSED_V1)
+    PDL["launch"] = pdl_of(ops)
     if hasattr(model.backend, "fuse_ops"):
         model.backend.fuse_ops = fused_v1
     set_skinny_rows(model, SKINNY_MAX_ROWS if ops.holds(OpsSet.SKINNY) else 0)

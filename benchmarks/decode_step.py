@@ -5,6 +5,8 @@ the bytes floor of docs/performance.md, with transformers on the same GPU as the
     python benchmarks/decode_step.py --quick         # ~1 min smoke run on the GPU
     python benchmarks/decode_step.py --cpu-smoke     # tiny shapes on CPU (torch paths, no graphs)
     python benchmarks/decode_step.py --profile       # kernels per layer (torch profiler), B = 1 and 64
+    python benchmarks/decode_step.py --check-only --pdl on   # the checks with every Triton kernel launched with PDL
+    python benchmarks/decode_step.py --ops-sets skinny skinny-pdl skinny-pdl-early   # PDL off / on / early trigger
 
 The rank (decode_floor.RANK, rank 0 of 8, run alone: collectives skipped, SoloRank): the full
 model's config (64 query heads, 4 KV heads, 4 index heads, 128 experts, vocab 200064) sharded by the
@@ -73,6 +75,7 @@ from decode_setup import (
     hf_m3_config,
     median_ms,
     our_config,
+    pdl_mode,
     qwen_config,
     rank_model,
     replay_ms,
@@ -118,6 +121,11 @@ def build_rank(plan: Plan, dev: torch.device):
 
 
 def our_m3_steps(plan: Plan, dev: torch.device) -> list[dict]:
+    with pdl_mode():  # set_ops switches PDL per ops set; the run's own mode after
+        return _m3_steps(plan, dev)
+
+
+def _m3_steps(plan: Plan, dev: torch.device) -> list[dict]:
     model, kv = build_rank(plan, dev)
     rows = []
     for ctx in plan.contexts:
@@ -160,7 +168,7 @@ def _one_config(plan: Plan, model, kv, B: int, ctx: int, routing: Routing, dev: 
 
 
 def _row_line(r: dict) -> str:
-    return (f"  B={r['batch']:<3} ctx={r['context']:<6} {r['routing']:<9} {r['ops']:<8} step {r['step_ms']:8.3f} ms  floor "
+    return (f"  B={r['batch']:<3} ctx={r['context']:<6} {r['routing']:<9} {r['ops']:<16} step {r['step_ms']:8.3f} ms  floor "
             f"{r['floor_ms']:7.3f} ms  of floor {r['achieved_over_floor']:6.1%}  local picks/token "
             f"{r['local_picks_per_token']:.2f}{'' if r['cuda_graph'] else '  (no graph)'}")
 
@@ -294,12 +302,12 @@ def table(res: dict) -> str:
             f"{sh['page']}, top-{sh['topk_blocks']} blocks; CUDA graphs; no all-reduces; "
             f"ops sets {', '.join(res['plan']['ops_sets'])} (decode_setup.OpsSet); "
             f"floor = bytes / 4.3 TB/s for the routing that ran")
-    cols = (f"{'batch':>5} {'ctx':>6} {'routing':>9} {'ops':>8} {'picks':>5} {'exp/L':>5} {'step ms':>9} {'floor ms':>9} "
+    cols = (f"{'batch':>5} {'ctx':>6} {'routing':>9} {'ops':>16} {'picks':>5} {'exp/L':>5} {'step ms':>9} {'floor ms':>9} "
             f"{'of floor':>8} {'us/layer':>8} {'tok/s':>8} {'W GB':>6} {'KV GB':>6} {'idx GB':>6}")
     lines = [head, cols]
     for r in res.get("check_model", []):
-        lines.insert(0, f"check {r['what']}: fast path vs torch rel err {r['rel_err']:.1e} "
-                        f"({'ok' if r['ok'] else 'FAILED'})")
+        lines.insert(0, f"check {r['what']}, PDL {res.get('pdl', 'off')}: fast path vs torch rel err "
+                        f"{r['rel_err']:.1e} ({'ok' if r['ok'] else 'FAILED'})")
     if res.get("check_engine"):
         e = res["check_engine"]
         lines.insert(0, f"check engine + CUDA graphs: {e['identical']}/{e['total']} greedy sequences identical")
@@ -338,14 +346,15 @@ def ops_comparison(rows: list[dict], layers: int) -> list[str]:
     if len(sets) < 2:
         return []
     by = {(r["batch"], r["context"], r["routing"], r["ops"]): r for r in rows if "error" not in r}
-    out = [f"{'batch':>5} {'ctx':>6} {'routing':>9} " + " ".join(f"{o + ' ms':>12}" for o in sets)
+    width = {o: max(12, len(o) + 3) for o in sets}
+    out = [f"{'batch':>5} {'ctx':>6} {'routing':>9} " + " ".join(f"{o + ' ms':>{width[o]}}" for o in sets)
            + f" {'us/layer':>8} {'of floor':>8} {'speed-up':>8}"]
     for b, c, rt in dict.fromkeys((r["batch"], r["context"], r["routing"]) for r in rows):
         got = [by.get((b, c, rt, o)) for o in sets]
         if any(g is None for g in got):
             continue
         last = got[-1]
-        out.append(f"{b:>5} {c:>6} {rt:>9} " + " ".join(f"{g['step_ms']:>12.3f}" for g in got)
+        out.append(f"{b:>5} {c:>6} {rt:>9} " + " ".join(f"{g['step_ms']:>{width[g['ops']]}.3f}" for g in got)
                    + f" {last['step_ms'] / layers * 1e3:>8.1f} {last['achieved_over_floor']:>8.1%}"
                    + f" {got[0]['step_ms'] / last['step_ms']:>7.2f}x")
     return out
@@ -353,8 +362,8 @@ def ops_comparison(rows: list[dict], layers: int) -> list[str]:
 
 def _table_row(r: dict) -> str:
     if "error" in r:
-        return f"{r['batch']:>5} {r['context']:>6} {r.get('routing', ''):>9} {r.get('ops', ''):>8} FAILED {r['error'][:100]}"
-    return (f"{r['batch']:>5} {r['context']:>6} {r['routing']:>9} {r['ops']:>8} {r['local_picks_per_token']:>5.2f} "
+        return f"{r['batch']:>5} {r['context']:>6} {r.get('routing', ''):>9} {r.get('ops', ''):>16} FAILED {r['error'][:100]}"
+    return (f"{r['batch']:>5} {r['context']:>6} {r['routing']:>9} {r['ops']:>16} {r['local_picks_per_token']:>5.2f} "
             f"{r['experts_per_layer']:>5.1f} {r['step_ms']:>9.3f} {r['floor_ms']:>9.3f} {r['achieved_over_floor']:>8.1%} "
             f"{r['us_per_layer']:>8.1f} {r['tokens_per_s']:>8.0f} {r['weights_gb']:>6.2f} {r['kv_gb']:>6.2f} "
             f"{r['index_gb']:>6.2f}{'' if r['cuda_graph'] else ' (eager, no graph)'}")
@@ -390,6 +399,9 @@ def parse_args(argv: list[str] | None):
     ap.add_argument("--quick", action="store_true", help="~1 minute smoke run on the GPU")
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on CPU (Triton interpreted, no graphs)")
     ap.add_argument("--check-only", action="store_true", help="only the fast-path correctness checks")
+    ap.add_argument("--pdl", choices=["off", "on", "early"], default=None,
+                    help="programmatic dependent launch of the Triton kernels for the checks and baselines "
+                         "(kernels.backend.Pdl; default: the runtime's); the timed ops sets choose their own")
     ap.add_argument("--skip-checks", action="store_true")
     ap.add_argument("--skip-baselines", action="store_true")
     return ap.parse_args(argv)
@@ -404,9 +416,10 @@ def run_profile(plan: Plan, dev: torch.device, args, res: dict) -> None:
     ctx = (args.contexts or [40 if args.cpu_smoke else 8192])[0]
     parts = []
     sets = (args.ops_sets or [o.value for o in OpsSet]) if hasattr(model.backend, "fuse_ops") else ["fused"]
-    for ops in sets:  # before ... after
-        set_ops(model, OpsSet(ops))
-        parts += profile_rank(model, kv, plan.shapes, batches, ctx, dev, 2 if args.cpu_smoke else 10, ops)
+    with pdl_mode():  # set_ops switches PDL per ops set
+        for ops in sets:  # before ... after
+            set_ops(model, OpsSet(ops))
+            parts += profile_rank(model, kv, plan.shapes, batches, ctx, dev, 2 if args.cpu_smoke else 10, ops)
     res["profile"] = [asdict(p) for p in parts]
     print("\n".join(profile_lines(parts, timed=dev.type == "cuda")), flush=True)
     full = (TINY_RANK if args.cpu_smoke else RANK)
@@ -446,18 +459,28 @@ def main(argv: list[str] | None = None) -> int:
     elif not torch.cuda.is_available():
         print("no CUDA device (use --cpu-smoke for the CPU smoke run)")
         return 2
+    from m3bench.runtime.kernels.backend import Pdl
+
+    with pdl_mode(Pdl(args.pdl) if args.pdl else None):
+        return run(args)
+
+
+def run(args) -> int:
+    """main's work, under the run's PDL mode."""
+    from m3bench.runtime.kernels.backend import PDL
+
     dev = torch.device("cpu" if args.cpu_smoke else "cuda")
     if args.profile and args.layers is None:  # one dense and one MSA + MoE layer suffice
         args.layers = (TINY_RANK if args.cpu_smoke else RANK).dense_layers + 1
     plan, t0 = make_plan(args, not args.cpu_smoke), time.perf_counter()
-    res = {"layers": plan.layers, "plan": asdict(plan), "m3": [],
+    res = {"layers": plan.layers, "plan": asdict(plan), "m3": [], "pdl": PDL["launch"].value,
            "device": "cpu" if args.cpu_smoke else torch.cuda.get_device_name(dev)}
     if args.profile:
         run_profile(plan, dev, args, res)
         _write_json(res, "decode_profile.json")
         return 0
     ok = True if args.skip_checks else run_checks(plan, dev, args.cpu_smoke, res)
-    print(f"[{time.perf_counter() - t0:.0f} s] checks {'passed' if ok else 'FAILED'}", flush=True)
+    print(f"[{time.perf_counter() - t0:.0f} s] checks (PDL {res['pdl']}) {'passed' if ok else 'FAILED'}", flush=True)
     if not args.check_only:
         big = resident_bytes(plan.shapes, plan.layers, max(plan.batches), max(plan.contexts))
         print(f"layers {plan.layers}; weights + KV {big / GB:.1f} GB", flush=True)

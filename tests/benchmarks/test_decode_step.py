@@ -221,3 +221,36 @@ def test_component_checks_return_their_rows_on_cpu(ds):
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before a kernel module is first imported (decode_step does so)
     rows = decode_checks.check_components(ds.TINY_RANK, torch.device("cpu"), True)
     assert len(rows) == decode_checks.COMPONENT_CHECKS and all(r["ok"] for r in rows), rows
+
+
+def test_pdl_ops_sets_switch_the_process_and_are_restored(fl, rt):
+    from m3bench.runtime.kernels.backend import PDL, Pdl
+
+    _, setup = rt
+    s = fl.TINY_RANK
+    model = setup.rank_model(s, setup.our_config(setup.hf_m3_config(s, 2, 256)), torch.float32,
+                             torch.device("cpu"), None)
+    before = PDL["launch"]
+    with setup.pdl_mode():
+        for ops, mode in ((setup.OpsSet.SKINNY_PDL, Pdl.ON), (setup.OpsSet.SKINNY_PDL_EARLY, Pdl.EARLY),
+                          (setup.OpsSet.SKINNY, Pdl.OFF), (setup.OpsSet.FUSED, Pdl.OFF)):
+            setup.set_ops(model, ops)
+            assert PDL["launch"] is mode and model.layers[0].attn.qkv.skinny_rows == (
+                16 if ops.holds(setup.OpsSet.SKINNY) else 0)
+        with setup.pdl_mode(Pdl.EARLY):
+            assert PDL["launch"] is Pdl.EARLY
+        assert PDL["launch"] is Pdl.OFF
+    assert PDL["launch"] is before
+
+
+def test_cpu_smoke_times_pdl_sets_and_checks_under_the_chosen_mode(ds, tmp_path, monkeypatch):
+    from m3bench.runtime.kernels.backend import PDL
+
+    monkeypatch.setenv("OUT", str(tmp_path))
+    before = PDL["launch"]
+    argv = ["--cpu-smoke", "--skip-baselines", "--skip-checks", "--pdl", "early", "--batches", "1", "--contexts", "20",
+            "--ops-sets", "skinny", "skinny-pdl"]
+    assert ds.main(argv) == 0 and PDL["launch"] is before
+    res = json.loads((tmp_path / "decode_step.json").read_text())
+    assert res["pdl"] == "early" and [r["ops"] for r in res["m3"]] == ["skinny", "skinny-pdl"] * 2
+    assert ds.parse_args(["--pdl", "on"]).pdl == "on" and ds.parse_args([]).pdl is None

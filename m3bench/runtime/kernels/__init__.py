@@ -21,5 +21,6 @@ pick them when the backend selects Triton):
 
 Importing this package imports no triton: the Triton modules (`*_triton.py`) are imported
 lazily by the wrappers, only when a kernel actually runs through Triton (so TRITON_INTERPRET
-set before the first launch is honoured). Triton features used: those of Triton 3.0-3.6.
+set before the first launch is honoured). Triton features used: those of Triton 3.0-3.6 (programmatic dependent
+launch, backend.Pdl, when switched on: tl.extra.cuda.gdc_* and launch_pdl, in the H200's Triton 3.6).
 """

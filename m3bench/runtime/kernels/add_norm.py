@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from m3bench.runtime.kernels.backend import next_pow2
+from m3bench.runtime.kernels.backend import next_pow2, pdl_args
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_HIDDEN = 16384  # one row in registers
@@ -39,6 +39,6 @@ def add_rms_norm_fused(residual: torch.Tensor, x: torch.Tensor, weight: torch.Te
         add_rms_norm_kernel[(n_tok,)](
             residual, x, weight, h, y, y32, float(eps), residual.stride(0), x.stride(0), h.stride(0), y.stride(0),
             y32.stride(0), H=hidden, BLOCK=next_pow2(hidden), GEMMA=gemma, COPY32=y32_out is not None,
-            num_warps=8 if hidden >= 4096 else 4,
+            num_warps=8 if hidden >= 4096 else 4, **pdl_args(x),
         )
     return h, y

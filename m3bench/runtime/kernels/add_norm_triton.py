@@ -8,14 +8,16 @@ COPY32 also stores y (as rounded) widened to fp32 (the MoE router's input).
 import triton
 import triton.language as tl
 
+from m3bench.runtime.kernels.pdl_triton import pdl_wait
 from m3bench.runtime.kernels.round_triton import round_for
 
 
 @triton.jit
 def add_rms_norm_kernel(
     r_ptr, x_ptr, w_ptr, h_ptr, y_ptr, y32_ptr, eps, s_r, s_x, s_h, s_y, s_y32,
-    H: tl.constexpr, BLOCK: tl.constexpr, GEMMA: tl.constexpr, COPY32: tl.constexpr,
+    H: tl.constexpr, BLOCK: tl.constexpr, GEMMA: tl.constexpr, COPY32: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < H

@@ -26,6 +26,7 @@ from m3bench.runtime.kernels.backend import (
     interpreting,
     next_pow2,
     nvfp4_asm,
+    pdl_args,
     prev_pow2,
     scale_row_strides,
     target_programs,
@@ -142,11 +143,12 @@ def _launch_attention(q, k_cache, v_cache, block_tables, seq_lens, qsl, scale, s
         FMT=FMT_CODE[fmt], F32=q.dtype == torch.float32 or interpreting(), ASM=fmt is KVFormat.NVFP4 and nvfp4_asm(q),
         num_warps=4,
         num_stages=3,
+        **pdl_args(q),
     )
     if n_seg > 1:
         reduce_kernel[(n_tok, hq)](
             part_o, part_lse, out, qsl, block_tables.shape[0], out.stride(0), out.stride(1),
-            HQ=hq, D=d, N_SEG=n_seg, num_warps=4,
+            HQ=hq, D=d, N_SEG=n_seg, num_warps=4, **pdl_args(q),
         )
 
 

@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from m3bench.runtime.kernels.kv_tiles_triton import dot_parts, kv_tile_factor, load_kv_parts, load_query, mma
+from m3bench.runtime.kernels.pdl_triton import pdl_wait
 
 NEG_BIG = tl.constexpr(-1.0e30)
 
@@ -41,7 +42,9 @@ def paged_attn_kernel(
     HQ: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, TILE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, SPLIT: tl.constexpr,
     TOPK: tl.constexpr, SPARSE: tl.constexpr, FMT: tl.constexpr, F32: tl.constexpr, ASM: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
     pid = tl.program_id(0)
     h = tl.program_id(1)
     seg = tl.program_id(2)
@@ -123,9 +126,10 @@ def paged_attn_kernel(
 @triton.jit(do_not_specialize=["n_req"])
 def reduce_kernel(
     part_o_ptr, part_lse_ptr, o_ptr, qsl_ptr, n_req, s_ot, s_oh,
-    HQ: tl.constexpr, D: tl.constexpr, N_SEG: tl.constexpr,
+    HQ: tl.constexpr, D: tl.constexpr, N_SEG: tl.constexpr, PDL: tl.constexpr,
 ):
     """out[t, h] = sum_s 2^(lse_s - max) o_s / sum_s 2^(lse_s - max); grid (T, HQ)."""
+    pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
     tok = tl.program_id(0)
     head = tl.program_id(1)
     if tok >= tl.load(qsl_ptr + n_req):

@@ -9,6 +9,7 @@ from enum import Enum
 
 import torch
 
+from m3bench.runtime.errors import InputError
 from m3bench.runtime.kernels.kv_quant import (
     KVFormat,
     Nvfp4Pages,
@@ -89,6 +90,53 @@ def nvfp4_asm(t: torch.Tensor) -> bool:
     """Whether a kernel on t (the queries) decodes NVFP4 with the PTX variant: chosen, CUDA sm89+, not fp32."""
     return (NVFP4_DECODE["decode"] is Nvfp4Decode.ASM and t.is_cuda and not interpreting()
             and t.dtype != torch.float32 and sm_capability(t.device.index or 0) >= (8, 9))
+
+
+class Pdl(Enum):
+    """Programmatic dependent launch of the runtime's Triton kernels (CUDA sm90+; kernels/pdl_triton.py): each
+    kernel may start while the one before it in the stream finishes, and waits before touching global memory."""
+
+    OFF = "off"
+    ON = "on"  # wait, then let the next kernel launch
+    EARLY = "early"  # let the next kernel launch, then wait (pdl_probe.py: 1.01 against 1.12 us a tiny launch)
+
+
+PDL_CODE = {Pdl.OFF: 0, Pdl.ON: 1, Pdl.EARLY: 2}  # the kernels' PDL constexpr (pdl_triton.pdl_wait)
+
+# The default. OFF until timed on the H200 (benchmarks/decode_step.py --ops-sets skinny skinny-pdl skinny-pdl-early
+# times the three in one run); flipping it is this one line.
+PDL_DEFAULT = Pdl.OFF
+PDL_ENV_VAR = "M3BENCH_PDL"  # off / on / early: this process's choice instead (e.g. a GPU test run with PDL on)
+
+
+def pdl_from_env() -> Pdl:
+    """PDL_ENV_VAR's mode, PDL_DEFAULT when unset."""
+    raw = os.environ.get(PDL_ENV_VAR, PDL_DEFAULT.value)
+    try:
+        return Pdl(raw)
+    except ValueError:
+        raise InputError(f"{PDL_ENV_VAR}={raw!r}: expected one of {[p.value for p in Pdl]}") from None
+
+
+PDL = {"launch": pdl_from_env()}  # the process-wide choice (read once; benchmarks switch it in place)
+
+
+def pdl_device(t: torch.Tensor) -> bool:
+    """Whether kernels on t's device can launch with PDL: CUDA sm90+ (the interpreter cannot run its PTX)."""
+    return t.is_cuda and not interpreting() and sm_capability(t.device.index or 0) >= (9, 0)
+
+
+def pdl_launch(t: torch.Tensor) -> bool:
+    """Whether a kernel launched on t's device launches with PDL: chosen (PDL) and possible there."""
+    return PDL["launch"] is not Pdl.OFF and pdl_device(t)
+
+
+def pdl_args(t: torch.Tensor) -> dict:
+    """The keywords every Triton launch passes, `kernel[grid](..., **pdl_args(t))`: the kernel's PDL code and,
+    when on, launch_pdl (left out when off, so Triton builds without that option stay as they were)."""
+    if not pdl_launch(t):
+        return {"PDL": 0}
+    return {"PDL": PDL_CODE[PDL["launch"]], "launch_pdl": True}
 
 
 def cache_kernel_args(cache: PagedTensor):

@@ -10,6 +10,7 @@ import math
 
 import torch
 
+from m3bench.runtime.kernels.backend import pdl_args
 from m3bench.runtime.kernels.moe import ACT_CODE
 from m3bench.runtime.kernels.reference import MoeActivation
 
@@ -32,6 +33,6 @@ def gated_act(gate_up: torch.Tensor, activation: MoeActivation, alpha: float, li
     if n_tok:
         gated_act_kernel[(n_tok, math.ceil(inter / block))](
             gate_up, out, float(alpha), float(limit), gate_up.stride(0), out.stride(0), I=inter, BLOCK=block,
-            ACT=ACT_CODE[activation], num_warps=4,
+            ACT=ACT_CODE[activation], num_warps=4, **pdl_args(gate_up),
         )
     return out

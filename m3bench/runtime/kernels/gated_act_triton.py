@@ -8,11 +8,13 @@ import triton
 import triton.language as tl
 
 from m3bench.runtime.kernels.moe_triton import gated_activation
+from m3bench.runtime.kernels.pdl_triton import pdl_wait
 
 
 @triton.jit
 def gated_act_kernel(gu_ptr, out_ptr, alpha, limit, s_gt, s_ot, I: tl.constexpr, BLOCK: tl.constexpr,
-                     ACT: tl.constexpr):
+                     ACT: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
     t = tl.program_id(0).to(tl.int64)
     n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = n < I

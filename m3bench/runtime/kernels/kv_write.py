@@ -17,6 +17,7 @@ from m3bench.runtime.kernels.backend import (
     FMT_CODE,
     KernelBackend,
     cache_kernel_args,
+    pdl_args,
     use_triton,
 )
 
@@ -61,4 +62,5 @@ def _launch_write(cache: kq.PagedTensor, x: torch.Tensor, slot_mapping: torch.Te
     kv_write_kernel[(x3.shape[0], x3.shape[1])](
         x3, slot_mapping, data, scales, gs, x3.stride(0), x3.stride(1), *d_strides, *s_strides,
         PAGE=cache.shape[-2], D=cache.shape[-1], FMT=FMT_CODE[kq.kv_format_of(cache)], num_warps=1,
+        **pdl_args(x),
     )

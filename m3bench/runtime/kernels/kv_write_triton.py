@@ -8,6 +8,7 @@ the Triton and torch writers store identical bytes. Slots < 0 (padding tokens) a
 import triton
 import triton.language as tl
 
+from m3bench.runtime.kernels.pdl_triton import pdl_wait
 from m3bench.runtime.kernels.round_triton import round_for
 
 E2M1_MAX = tl.constexpr(6.0)
@@ -71,8 +72,9 @@ def store_kv_row(x, data_ptr, scale_ptr, gs_ptr, row, sc_row, D: tl.constexpr, F
 def kv_write_kernel(
     x_ptr, slot_ptr, data_ptr, scale_ptr, gs_ptr,
     s_xt, s_xh, s_dp, s_dh, s_dt, s_sp, s_sh, s_st,
-    PAGE: tl.constexpr, D: tl.constexpr, FMT: tl.constexpr,
+    PAGE: tl.constexpr, D: tl.constexpr, FMT: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
     t = tl.program_id(0)
     h = tl.program_id(1)
     slot = tl.load(slot_ptr + t).to(tl.int64)

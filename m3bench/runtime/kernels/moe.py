@@ -29,6 +29,7 @@ from m3bench.runtime.kernels.backend import (
     KernelBackend,
     interpreting,
     next_pow2,
+    pdl_args,
     use_triton,
 )
 from m3bench.runtime.kernels.moe_align import (  # noqa: F401 (the fused MoE's public parts, re-exported)
@@ -273,6 +274,7 @@ def _launch_gate_up(x, wg, wu, inter, sorted_ids, block_expert, n_post, top_k, a
         FMT=_fmt_code(scales), SHARED=shared is not None, E_R=wg.shape[0] if shared is not None else -1,
         I_S=shared.inter if shared is not None else 0, SPLIT=split,
         SPLIT_R=tiles.split_k_routed if split > 1 else 1, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        **pdl_args(x),
     )
     if split > 1:
         _launch_act(part, inter, sorted_ids, block_expert, n_post, n_all, act, alpha, limit, tiles, wg.shape[0],
@@ -295,7 +297,7 @@ def _launch_act(part, inter, sorted_ids, block_expert, n_post, n_all, act, alpha
     moe_act_kernel[(block_expert.shape[0], math.ceil(n_inter / block_n))](
         part, inter, sorted_ids, block_expert, n_post, n_all, alpha, limit, part.stride(0), part.stride(1),
         inter.stride(0), I=n_inter, I_S=i_shared, E_R=n_exp, SPLIT=tiles.split_k, SPLIT_R=tiles.split_k_routed,
-        BLOCK_M=tiles.block_m, BLOCK_N=block_n, ACT=ACT_CODE[act], num_warps=4,
+        BLOCK_M=tiles.block_m, BLOCK_N=block_n, ACT=ACT_CODE[act], num_warps=4, **pdl_args(part),
     )
 
 
@@ -317,6 +319,7 @@ def _launch_down(inter, wd, y, sorted_ids, block_expert, n_post, weights, tiles,
         F32=inter.dtype == torch.float32 or interpreting(), FMT=_fmt_code(scales),
         SHARED=shared is not None, E_R=wd.shape[0] if shared is not None else -1,
         I_S=shared.inter if shared is not None else 0, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        **pdl_args(inter),
     )
 
 
@@ -326,4 +329,4 @@ def _launch_sum(y, ids, out, n_exp, top_k, shared: bool = False):
     block_n = min(1024, next_pow2(out.shape[1]))
     grid = (out.shape[0], math.ceil(out.shape[1] / block_n))
     moe_sum_kernel[grid](y, ids, out, y.stride(0), out.stride(0), ids.numel(), E=n_exp, H=out.shape[1],
-                          TOPK=top_k, BLOCK_N=block_n, SHARED=shared, num_warps=4)
+                          TOPK=top_k, BLOCK_N=block_n, SHARED=shared, num_warps=4, **pdl_args(out))

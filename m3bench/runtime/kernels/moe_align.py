@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from m3bench.runtime.kernels.backend import next_pow2
+from m3bench.runtime.kernels.backend import next_pow2, pdl_args
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ def moe_align(ids: torch.Tensor, n_experts: int, block_m: int, n_shared: int = 0
     warps = 4 if n_pairs + n_shared <= 4096 else 16
     moe_align_kernel[(1,)](ids, n_pairs, n_shared, sorted_ids, block_expert, n_post, E=n_experts + (n_shared > 0),
                             BLOCK_M=block_m, NP=next_pow2(max(n_pairs + n_shared, 16)), SHARED=n_shared > 0,
-                            num_warps=warps)
+                            num_warps=warps, **pdl_args(ids))
     return sorted_ids, block_expert, n_post
 
 

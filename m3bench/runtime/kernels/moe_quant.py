@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from m3bench.runtime.kernels.backend import interpreting, next_pow2
+from m3bench.runtime.kernels.backend import interpreting, next_pow2, pdl_args
 from m3bench.runtime.kernels.moe_align import moe_align
 from m3bench.runtime.kernels.moe_scales import MoeScales
 from m3bench.runtime.kernels.mx_linear import COUNTERS, split_counters
@@ -123,7 +123,7 @@ def _gate_up(x, wg, wu, h, sorted_ids, block_expert, n_post, top_k, act, alpha, 
         parts, split_counters(x.device), h.shape[0],
         H=x.shape[1], I=wg.shape[1], TOPK=top_k, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
         ACT=ACT_CODES[act], F32=f32, FMT=fmt, EVEN=_even(wg.shape[1], x.shape[1], t), SPLIT=split,
-        num_warps=t.num_warps, num_stages=t.num_stages,
+        num_warps=t.num_warps, num_stages=t.num_stages, **pdl_args(x),
     )
 
 
@@ -138,7 +138,7 @@ def _down(h, wd, y, sorted_ids, block_expert, n_post, weights, t, scales, fmt, f
         h, wd, y, sorted_ids, block_expert, n_post, weights, y.shape[0],
         h.stride(0), s_de, s_dn, y.stride(0), sd, sd.stride(0), sd.stride(1), gd, gde,
         I=h.shape[1], H=wd.shape[1], BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, F32=f32, FMT=fmt,
-        EVEN=_even(wd.shape[1], h.shape[1], t), num_warps=t.num_warps, num_stages=t.num_stages,
+        EVEN=_even(wd.shape[1], h.shape[1], t), num_warps=t.num_warps, num_stages=t.num_stages, **pdl_args(h),
     )
 
 
@@ -149,4 +149,4 @@ def topk_sum(y: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, n_exp: int, 
     block_n = min(1024, next_pow2(out.shape[1]))
     grid = (out.shape[0], math.ceil(out.shape[1] / block_n))
     topk_sum_kernel[grid](y, ids, out, y.stride(0), out.stride(0), E=n_exp, H=out.shape[1], TOPK=top_k,
-                          TOPK_P2=next_pow2(top_k), BLOCK_N=block_n, num_warps=4)
+                          TOPK_P2=next_pow2(top_k), BLOCK_N=block_n, num_warps=4, **pdl_args(out))

@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from m3bench.runtime.kernels.mx_tiles_triton import MX_BLOCK, dot_acc, mx_steps, mx_tile, nv_steps, nv_tile
+from m3bench.runtime.kernels.pdl_triton import pdl_wait
 
 
 @triton.jit
@@ -69,10 +70,11 @@ def moe_quant_gate_up_kernel(
     gg_ptr, gu_ptr, s_gge, s_gue, part_ptr, cnt_ptr, n_slots,
     H: tl.constexpr, I: tl.constexpr, TOPK: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACT: tl.constexpr, F32: tl.constexpr, FMT: tl.constexpr,
-    EVEN: tl.constexpr, SPLIT: tl.constexpr,
+    EVEN: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr,
 ):
     """inter[slot, n] = act(x[tok] . wg[e, n], x[tok] . wu[e, n]); grid (M-blocks, I / BLOCK_N x SPLIT):
     program_id(1) = n tile + tiles x K piece (H / SPLIT inputs each; the pieces meet in split_gate_up)."""
+    pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
     pid_m = tl.program_id(0)
     if pid_m * BLOCK_M >= tl.load(n_post_ptr):
         return
@@ -129,9 +131,10 @@ def moe_quant_down_kernel(
     inter_ptr, wd_ptr, y_ptr, sorted_ptr, block_expert_ptr, n_post_ptr, weights_ptr, n_pairs,
     s_it, s_de, s_dn, s_yp, sd_ptr, s_sde, s_sdn, gd_ptr, s_gde,
     I: tl.constexpr, H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, F32: tl.constexpr, FMT: tl.constexpr, EVEN: tl.constexpr,
+    BLOCK_K: tl.constexpr, F32: tl.constexpr, FMT: tl.constexpr, EVEN: tl.constexpr, PDL: tl.constexpr,
 ):
     """y[pair, n] = routing_weight[pair] * inter[slot] . wd[e, n]; grid (M-blocks, H / BLOCK_N)."""
+    pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
     pid_m = tl.program_id(0)
     if pid_m * BLOCK_M >= tl.load(n_post_ptr):
         return
@@ -158,10 +161,11 @@ def moe_quant_down_kernel(
 @triton.jit
 def topk_sum_kernel(
     y_ptr, ids_ptr, out_ptr, s_yp, s_ot, E: tl.constexpr, H: tl.constexpr, TOPK: tl.constexpr,
-    TOPK_P2: tl.constexpr, BLOCK_N: tl.constexpr,
+    TOPK_P2: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
 ):
     """out[t, n] = sum of y[t * TOPK + k, n] over the picks k of a local expert (ids in [0, E)), the
     [TOPK, BLOCK_N] rows read at once; grid (T, cdiv(H, BLOCK_N))."""
+    pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
     t = tl.program_id(0).to(tl.int64)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     k = tl.arange(0, TOPK_P2)

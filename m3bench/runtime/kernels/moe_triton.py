@@ -26,15 +26,17 @@ from m3bench.runtime.kernels.mxfp8_triton import (
     mx_weight_blocks,
     nv_weight_tile,
 )
+from m3bench.runtime.kernels.pdl_triton import pdl_wait
 
 
 @triton.jit(do_not_specialize=["n_pairs", "n_shared"])
 def moe_align_kernel(
     ids_ptr, n_pairs, n_shared, sorted_ptr, block_expert_ptr, n_post_ptr,
-    E: tl.constexpr, BLOCK_M: tl.constexpr, NP: tl.constexpr, SHARED: tl.constexpr,
+    E: tl.constexpr, BLOCK_M: tl.constexpr, NP: tl.constexpr, SHARED: tl.constexpr, PDL: tl.constexpr,
 ):
     """One program: sorted_ptr[slot] = pair id (n_pairs + n_shared marks padding), one expert per
     block; SHARED: expert E - 1 is the shared one, picked by pairs n_pairs .. n_pairs + n_shared - 1."""
+    pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
     offs = tl.arange(0, NP)
     ids = tl.load(ids_ptr + offs, mask=offs < n_pairs, other=-1)
     if SHARED:
@@ -90,10 +92,12 @@ def moe_gate_up_kernel(
     H: tl.constexpr, I: tl.constexpr, TOPK: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACT: tl.constexpr, F32: tl.constexpr, FMT: tl.constexpr,
     SHARED: tl.constexpr, E_R: tl.constexpr, I_S: tl.constexpr, SPLIT: tl.constexpr, SPLIT_R: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """inter[slot, n] = act(x[tok] . wg[e, n], x[tok] . wu[e, n]) for the block's slots (SPLIT > 1:
     the fp32 partials of one K chunk into part[chunk, pair]; SPLIT chunks for the shared expert,
     SPLIT_R for a routed one, the grid's dim 1 spanning N tiles x chunks of the larger of the two)."""
+    pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
     pid_m = tl.program_id(0)
     if pid_m * BLOCK_M >= tl.load(n_post_ptr):
         return
@@ -166,9 +170,10 @@ def moe_gate_up_kernel(
 def moe_act_kernel(
     part_ptr, inter_ptr, sorted_ptr, block_expert_ptr, n_post_ptr, n_pairs, alpha, limit, s_pk, s_pp, s_it,
     I: tl.constexpr, I_S: tl.constexpr, E_R: tl.constexpr, SPLIT: tl.constexpr, SPLIT_R: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACT: tl.constexpr, PDL: tl.constexpr,
 ):
     """inter[slot, n] = act(sum of the K-chunk partials of gate and up); grid (M-blocks, cdiv(I, BLOCK_N))."""
+    pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
     pid_m = tl.program_id(0)
     if pid_m * BLOCK_M >= tl.load(n_post_ptr):
         return
@@ -194,9 +199,10 @@ def moe_down_kernel(
     s_it, s_de, s_dn, s_yp, sd_ptr, s_sde, s_sdn, gd_ptr, s_gde, n_routed, wsd_ptr, s_wsd, s_db,
     I: tl.constexpr, H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, F32: tl.constexpr, FMT: tl.constexpr,
-    SHARED: tl.constexpr, E_R: tl.constexpr, I_S: tl.constexpr,
+    SHARED: tl.constexpr, E_R: tl.constexpr, I_S: tl.constexpr, PDL: tl.constexpr,
 ):
     """y[pair, n] = routing_weight[pair] * inter[slot] . wd[e, n] (the shared expert's pairs: weight 1)."""
+    pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
     pid_m = tl.program_id(0)
     if pid_m * BLOCK_M >= tl.load(n_post_ptr):
         return
@@ -240,10 +246,11 @@ def moe_down_kernel(
 @triton.jit(do_not_specialize=["n_routed"])
 def moe_sum_kernel(
     y_ptr, ids_ptr, out_ptr, s_yp, s_ot, n_routed, E: tl.constexpr, H: tl.constexpr, TOPK: tl.constexpr,
-    BLOCK_N: tl.constexpr, SHARED: tl.constexpr,
+    BLOCK_N: tl.constexpr, SHARED: tl.constexpr, PDL: tl.constexpr,
 ):
     """out[t, n] = sum over k with a local expert of y[t * TOPK + k, n] (+ the shared expert's row
     y[n_routed + t] with SHARED); grid (T, cdiv(H, BLOCK_N))."""
+    pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
     t = tl.program_id(0).to(tl.int64)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros([BLOCK_N], tl.float32)

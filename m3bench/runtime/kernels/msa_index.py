@@ -23,6 +23,7 @@ from m3bench.runtime.kernels.backend import (
     interpreting,
     next_pow2,
     nvfp4_asm,
+    pdl_args,
     scale_row_strides,
     target_programs,
     use_triton,
@@ -94,7 +95,7 @@ def _launch_scores(iq, ik_cache, block_tables, seq_lens, qsl, init_blocks, score
         HI=hi, D=d, PAGE=page, TILE=tile, BLOCK_M=block_m, BLOCK_Q=block_q,
         INIT_BLOCKS=init_blocks, FMT=FMT_CODE[kv_format_of(ik_cache)],
         F32=iq.dtype == torch.float32 or interpreting(), ASM=kv_format_of(ik_cache) is KVFormat.NVFP4 and nvfp4_asm(iq),
-        num_warps=4, num_stages=SCORE_STAGES, **_register_cap(kv_format_of(ik_cache), block_m),
+        num_warps=4, num_stages=SCORE_STAGES, **_register_cap(kv_format_of(ik_cache), block_m), **pdl_args(iq),
     )
 
 
@@ -118,7 +119,7 @@ def select_top_blocks(scores: torch.Tensor, out: torch.Tensor, page: int, seq_le
         scores, out, seq_lens, qsl, max_q,
         scores.stride(0), scores.stride(1), out.stride(0), out.stride(1),
         PAGE=page, TOPK=topk, TOPK_P2=next_pow2(topk), RANK_N=rank_n, LONG=width > rank_n, CHUNK=chunk,
-        ONE_CHUNK=chunk >= width, num_warps=num_warps or topk_warps_for(width, rank_n),
+        ONE_CHUNK=chunk >= width, num_warps=num_warps or topk_warps_for(width, rank_n), **pdl_args(scores),
     )
 
 

@@ -24,6 +24,7 @@ from m3bench.runtime.kernels.kv_tiles_triton import (
     load_kv_parts,
     load_query,
 )
+from m3bench.runtime.kernels.pdl_triton import pdl_wait
 from m3bench.runtime.kernels.topk_keys_triton import MAX_KEY, NO_KEY, key_index, ordered_key
 
 INIT_SCORE = tl.constexpr(3.0e38)
@@ -36,8 +37,9 @@ def block_scores_kernel(
     s_qt, s_qh, s_kp, s_kt, s_ksp, s_kst, s_bt, s_st, s_sh,
     HI: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, TILE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, INIT_BLOCKS: tl.constexpr, FMT: tl.constexpr, F32: tl.constexpr,
-    ASM: tl.constexpr,
+    ASM: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
     pid = tl.program_id(0)
     seg = tl.program_id(1)
     b = pid // n_qblk
@@ -107,10 +109,11 @@ def _block_score(value, blk, local, INIT_BLOCKS: tl.constexpr):
 def topk_kernel(
     scores_ptr, out_ptr, seq_lens_ptr, qsl_ptr, max_q, s_st, s_sh, s_ot, s_oh,
     PAGE: tl.constexpr, TOPK: tl.constexpr, TOPK_P2: tl.constexpr, RANK_N: tl.constexpr,
-    LONG: tl.constexpr, CHUNK: tl.constexpr, ONE_CHUNK: tl.constexpr,
+    LONG: tl.constexpr, CHUNK: tl.constexpr, ONE_CHUNK: tl.constexpr, PDL: tl.constexpr,
 ):
     """The TOPK best blocks of one (token, head) row: by rank when the row has at most RANK_N valid
     blocks, else (LONG: rows that may be longer) by TOPK rounds of one max over packed keys."""
+    pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
     pid = tl.program_id(0)
     head = tl.program_id(1)
     b = pid // max_q

@@ -19,6 +19,8 @@ the result is deterministic and no second kernel runs (`finish_tile`).
 import triton
 import triton.language as tl
 
+from m3bench.runtime.kernels.pdl_triton import pdl_wait
+
 MX_BLOCK = tl.constexpr(32)
 NV_BLOCK = tl.constexpr(16)
 
@@ -169,11 +171,13 @@ def mx_gemv_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr, M, s_xm, s_wn, s_wb, s_sn, s_ym, s_bm,
     N: tl.constexpr, K: tl.constexpr, K_SPLIT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, SCALED: tl.constexpr, EVEN: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """y[:M, n-tile] for M <= BLOCK_M (<= 4) rows: per row, fp32 products summed within each 32-block
     (mostly in-thread), scaled by the block's power of two (SCALED: MXFP8; else plain weights, kernels/skinny.py)
     into a [BLOCK_M, BLOCK_N, BLOCK_K / 32] accumulator; the cross-thread sum over the blocks runs once, after
     the K loop. EVEN: no masks on the weights. Grid (N tiles, SPLIT)."""
+    pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
     G: tl.constexpr = BLOCK_K // MX_BLOCK
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
@@ -216,9 +220,11 @@ def mx_dot_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr, M, s_xm, s_wn, s_wb, s_sn, s_ym,
     N: tl.constexpr, K: tl.constexpr, K_SPLIT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, F32: tl.constexpr, EVEN: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """y[m-tile, n-tile]^T = dequant(W)[n-tile] @ x[m-tile]^T, one dot per BLOCK_K step.
     Grid (N tiles x M tiles, SPLIT), N tiles fastest."""
+    pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
     n_tiles: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
     pid_n = tl.program_id(0) % n_tiles
     pid_m = tl.program_id(0) // n_tiles

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from m3bench.runtime import quant
-from m3bench.runtime.kernels.backend import KernelBackend, interpreting, use_triton
+from m3bench.runtime.kernels.backend import KernelBackend, interpreting, pdl_args, use_triton
 from m3bench.runtime.kernels.mx_linear import MxTiles, block_stride, mx_linear
 from m3bench.runtime.kernels.quant_kernels import QuantKernels, linear_generation
 
@@ -93,5 +93,5 @@ def _launch(x, weight, scale, bias, y, t: LinearTiles) -> None:
         x.stride(0), weight.stride(0), block_stride(weight, 2), scale.stride(0), y.stride(-2), m * n,
         N=n, K=k, K_SPLIT=k // t.split_k, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
         HAS_BIAS=bias is not None, F32=x.dtype == torch.float32 or interpreting(), num_warps=t.num_warps,
-        num_stages=t.num_stages,
+        num_stages=t.num_stages, **pdl_args(x),
     )

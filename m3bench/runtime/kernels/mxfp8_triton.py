@@ -10,6 +10,7 @@ import triton.language as tl
 
 from m3bench.runtime.kernels.kv_tiles_triton import mma
 from m3bench.runtime.kernels.mx_tiles_triton import e8m0_scale
+from m3bench.runtime.kernels.pdl_triton import pdl_wait
 
 MX_BLOCK = tl.constexpr(32)
 NV_BLOCK = tl.constexpr(16)
@@ -116,10 +117,11 @@ def nv_weight_tile(w_base, s_base, g_base, n, kk, s_wn, s_sn, n_ok, k_ok):
 def mxfp8_linear_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, s_xm, s_wn, s_wb, s_sn, s_ym, s_split,
     N: tl.constexpr, K: tl.constexpr, K_SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, F32: tl.constexpr,
+    BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, F32: tl.constexpr, PDL: tl.constexpr,
 ):
     """One [BLOCK_M, BLOCK_N] tile of y over K range program_id(2) * K_SPLIT + [0, K_SPLIT), fp32
     accumulation in BLOCK_K steps; with K split, program s writes its partial at y + s * s_split."""
+    pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
     m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     k_start = tl.program_id(2) * K_SPLIT

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from m3bench.runtime.kernels import kv_quant as kq
-from m3bench.runtime.kernels.backend import FMT_CODE, cache_kernel_args
+from m3bench.runtime.kernels.backend import FMT_CODE, cache_kernel_args, pdl_args
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -102,7 +102,7 @@ def _launch(y, writes: tuple[BranchWrite, ...], eps, gemma, cos, sin, slot_mappi
             HQ2=b2.hq, HK2=b2.hk, D2=b2.d, NORM2=writes[-1].q_weight is not None,
             HALF=half, PAGE=writes[0].k_cache.shape[-2], GEMMA=gemma, ROPE=half > 0,
             FMT=FMT_CODE[kq.kv_format_of(writes[0].k_cache)], TWO=len(writes) == 2,
-            num_warps=1 if max(b.d, b2.d) <= 128 else 2,
+            num_warps=1 if max(b.d, b2.d) <= 128 else 2, **pdl_args(y),
         )
     return outs
 

@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from m3bench.runtime.kernels.kv_write_triton import store_kv_row
+from m3bench.runtime.kernels.pdl_triton import pdl_wait
 from m3bench.runtime.kernels.round_triton import round_for
 
 
@@ -96,10 +97,11 @@ def norm_rope_write_kernel(
     HQ: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, D: tl.constexpr, NORM: tl.constexpr,
     HQ2: tl.constexpr, HK2: tl.constexpr, D2: tl.constexpr, NORM2: tl.constexpr,
     HALF: tl.constexpr, PAGE: tl.constexpr, GEMMA: tl.constexpr, ROPE: tl.constexpr, FMT: tl.constexpr,
-    TWO: tl.constexpr,
+    TWO: tl.constexpr, PDL: tl.constexpr,
 ):
     """Grid (T, HQ + HK + HV [+ HQ2 + HK2 + HV2 with TWO]): the first branch's head rows, then (TWO)
     the second's (the index branch of an MSA layer: its cache in the same format), one launch."""
+    pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
     t = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
     y_row = y_ptr + t * s_yt

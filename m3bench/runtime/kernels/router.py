@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from m3bench.runtime.kernels.backend import next_pow2
+from m3bench.runtime.kernels.backend import next_pow2, pdl_args
 from m3bench.runtime.kernels.moe_align import MoeAlignment, align_slots
 
 ALIGN_TOKENS = 16  # router_topk_align runs as one program: its rows stay in registers
@@ -47,6 +47,7 @@ def router_topk(logits: torch.Tensor, bias: torch.Tensor | None, top_k: int, sca
     router_topk_kernel[(math.ceil(n_tok / block_t),)](
         logits, bias_t, w, ids, n_tok, float(scale), logits.stride(0),
         E=n_exp, K=top_k, KP=next_pow2(top_k), BLOCK_T=block_t, HAS_BIAS=bias is not None, num_warps=4,
+        **pdl_args(logits),
     )
     return w, ids
 
@@ -80,6 +81,7 @@ def router_topk_align(logits: torch.Tensor, bias: torch.Tensor | None, top_k: in
         out.sorted_ids, out.block_expert, out.n_post, E=n_exp, K=top_k, KP=next_pow2(top_k),
         BLOCK_T=next_pow2(max(n_tok, 1)), HAS_BIAS=bias is not None, E_LOCAL=n_local, BLOCK_M=block_m,
         SHARED=shared, EP=next_pow2(n_local + shared), num_warps=num_warps or align_warps(n_tok),
+        **pdl_args(logits),
     )
     return w, ids, out
 

@@ -14,6 +14,7 @@ on an [experts, tokens] tile (no loop over the experts): the routing and the MoE
 import triton
 import triton.language as tl
 
+from m3bench.runtime.kernels.pdl_triton import pdl_wait
 from m3bench.runtime.kernels.topk_keys_triton import MAX_KEY, NO_KEY, key_index, ordered_key
 
 
@@ -48,7 +49,9 @@ def _topk_rows(logit_ptr, bias_ptr, rows, ok, scale, s_lt, E: tl.constexpr, K: t
 def router_topk_kernel(
     logit_ptr, bias_ptr, w_ptr, id_ptr, n_tok, scale, s_lt,
     E: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, BLOCK_T: tl.constexpr, HAS_BIAS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     ok = rows < n_tok
     w_acc, id_acc = _topk_rows(logit_ptr, bias_ptr, rows, ok, scale, s_lt, E, K, KP, BLOCK_T, HAS_BIAS)
@@ -63,12 +66,13 @@ def router_topk_kernel(
 def router_align_kernel(
     logit_ptr, bias_ptr, w_ptr, id_ptr, n_tok, scale, s_lt, first, sorted_ptr, block_expert_ptr, n_post_ptr,
     E: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, BLOCK_T: tl.constexpr, HAS_BIAS: tl.constexpr,
-    E_LOCAL: tl.constexpr, BLOCK_M: tl.constexpr, SHARED: tl.constexpr, EP: tl.constexpr,
+    E_LOCAL: tl.constexpr, BLOCK_M: tl.constexpr, SHARED: tl.constexpr, EP: tl.constexpr, PDL: tl.constexpr,
 ):
     """router_topk_kernel for all T <= BLOCK_T tokens (ids stored local: minus `first`), then
     moe_align_kernel's layout of the local picks:
     pair t * K + k (local expert id - first), the shared expert (SHARED: local id E_LOCAL) pairs
     T * K + t; padding marker T * K (+ T). EP: E_LOCAL (+ 1) as a power of two."""
+    pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
     rows = tl.arange(0, BLOCK_T)
     ok = rows < n_tok
     w_acc, id_acc = _topk_rows(logit_ptr, bias_ptr, rows, ok, scale, s_lt, E, K, KP, BLOCK_T, HAS_BIAS)

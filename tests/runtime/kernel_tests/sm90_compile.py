@@ -4,6 +4,14 @@ Run as a script WITHOUT TRITON_INTERPRET (the test runs it in a subprocess): the
 small CPU tensors at M3 per-GPU shapes, their kernel launches are recorded instead of run, and
 each recorded launch is compiled ahead of time with triton.compile for GPUTarget("cuda", 90).
 Prints one line per variant; exit code 1 when any compile fails. --all: every q_len bucket.
+
+PDL (kernels/pdl_triton.py): the launches are recorded under every backend.Pdl mode (the device check waived,
+as on an H200); each launch must pass PDL with the mode's code and launch_pdl exactly when on, and every kernel
+of the modules must be launched. PDL-off variants compile as before (no griddepcontrol in their PTX); every
+variant's ON twin and one EARLY variant per kernel compile too, each with the static race check on its PTX
+(pdl_checks.py: the wait before any global access) and the same instructions as its PDL-off variant (only
+scheduled around the wait: the same arithmetic). --record-only: the launch checks alone; --pdl-only: no PDL-off
+compiles (nor the instruction comparison).
 """
 
 import os
@@ -20,6 +28,7 @@ from triton.compiler import ASTSource
 from m3bench.runtime.kernels import (
     add_norm_triton,
     attention_triton,
+    backend,
     gated_act_triton,
     kv_write_triton,
     moe_quant_triton,
@@ -42,10 +51,15 @@ from m3bench.runtime.kernels.mxfp8 import mxfp8_linear
 from m3bench.runtime.kernels.norm_rope import Branch, BranchWrite, norm_rope_write, norm_rope_write_pair
 from m3bench.runtime.kernels.router import router_topk, router_topk_align
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # pdl_checks.py, beside this script
+from pdl_checks import flag_problems, has_gdc, opcode_counts, trigger_side, wait_problems  # noqa: E402
+
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.uint8: "u8",
            torch.int32: "i32", torch.int64: "i64", torch.float8_e4m3fn: "fp8e4nv"}
 LAUNCHES = []
 SM90_MAX_SMEM = 232448  # bytes of shared memory one H100/H200 block may use
+KERNEL_MODULES = (attention_triton, msa_index_triton, moe_triton, kv_write_triton, mxfp8_triton, router_triton,
+                  add_norm_triton, norm_rope_triton, mx_tiles_triton, moe_quant_triton, gated_act_triton, skinny_triton)
 
 
 class Recorder:
@@ -76,7 +90,7 @@ def _divisible_by_16(v) -> bool:
 def compile_launch(fn, args, kwargs):
     """The launch compiled as the GPU's JIT would build it: with its divisibility hints (without them the
     loads do not vectorize, e.g. NVFP4 / FP8 key bytes load one by one)."""
-    options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages", "maxnreg") if k in kwargs}
+    options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages", "maxnreg", "launch_pdl") if k in kwargs}
     names = [p.name for p in fn.params]
     values = dict(zip(names, args)) | kwargs
     consts = {p.name: values[p.name] for p in fn.params if p.is_constexpr}
@@ -88,8 +102,7 @@ def compile_launch(fn, args, kwargs):
 
 
 def record_all(q_lens):
-    for mod in (attention_triton, msa_index_triton, moe_triton, kv_write_triton, mxfp8_triton, router_triton,
-                add_norm_triton, norm_rope_triton, mx_tiles_triton, moe_quant_triton, gated_act_triton, skinny_triton):
+    for mod in KERNEL_MODULES:
         for name in dir(mod):
             if isinstance(getattr(mod, name), triton.JITFunction) and name.endswith("_kernel"):
                 setattr(mod, name, Recorder(getattr(mod, name)))
@@ -219,29 +232,119 @@ def record_fused(caches, x3):
                              BranchWrite(Branch(10 * d, 14 * d, 0, 4, 1, 0, d), w, w, ik), 1e-6, True, cos, sin, slots)
 
 
+PDL_MODES = (backend.Pdl.OFF, backend.Pdl.ON, backend.Pdl.EARLY)
+
+
+def record_modes(q_lens) -> dict:
+    """record_all's launches under each PDL mode, the device check waived as on an H200 (the tensors are CPU's)."""
+    chosen, device = backend.PDL["launch"], backend.pdl_device
+    backend.pdl_device = lambda t: True
+    runs = {}
+    try:
+        for mode in PDL_MODES:
+            backend.PDL["launch"] = mode
+            LAUNCHES.clear()
+            try:
+                record_all(q_lens)
+            except Exception as exc:  # noqa: BLE001 - compile what was recorded so far
+                print(f"recording ({mode.value}) stopped early: {type(exc).__name__}: {exc}")
+            runs[mode] = list(LAUNCHES)
+    finally:
+        backend.PDL["launch"], backend.pdl_device = chosen, device
+    return runs
+
+
+def kernel_names() -> set[str]:
+    """The kernels of KERNEL_MODULES (record_all wrapped each in a Recorder)."""
+    return {v.fn.__name__ for mod in KERNEL_MODULES for v in vars(mod).values() if isinstance(v, Recorder)}
+
+
+def launch_problems(runs: dict) -> list[str]:
+    """Kernels never launched; launches whose PDL keywords do not match their mode (pdl_checks.flag_problems)."""
+    problems = []
+    for mode, launches in runs.items():
+        named = [(fn.__name__, [p.name for p in fn.params], kwargs) for fn, _, kwargs in launches]
+        problems += [f"{p} under {mode.value}" for p in flag_problems(named, backend.PDL_CODE[mode])]
+        launched = {fn.__name__ for fn, _, _ in launches}
+        problems += [f"{name}: never launched under {mode.value} (record it in record_all)"
+                     for name in kernel_names() - launched]
+    return sorted(set(problems))
+
+
+def variant_key(fn, args, kwargs, pdl: bool = True) -> tuple:
+    """What tells variants apart: kernel, constexprs and options (pdl False: PDL's left out), argument types."""
+    kw = {k: v for k, v in kwargs.items() if pdl or k not in ("PDL", "launch_pdl")}
+    return fn.__name__, tuple(sorted((k, str(v)) for k, v in kw.items())), tuple(_sig_type(a) for a in args)
+
+
+def variants(launches: list) -> list:
+    """The first launch of each distinct variant."""
+    seen = {}
+    for launch in launches:
+        seen.setdefault(variant_key(*launch), launch)
+    return list(seen.values())
+
+
+def one_per_kernel(launches: list) -> list:
+    first = {}
+    for launch in variants(launches):
+        first.setdefault(launch[0].__name__, launch)
+    return list(first.values())
+
+
+def pdl_problems(ptx: str, code: int, launch_pdl: bool, off_ptx: str | None) -> list[str]:
+    """PDL off: no griddepcontrol at all. On: the wait first (pdl_checks), the trigger on its side (code 1 after
+    the wait, 2 before it), built with launch_pdl, and (given its PDL-off twin's PTX) the same instructions."""
+    if code == 0:
+        return ["griddepcontrol in a PDL-off variant"] if has_gdc(ptx) else []
+    problems = wait_problems(ptx)
+    want = "after" if code == 1 else "before"
+    if trigger_side(ptx) != want:
+        problems.append(f"launch_dependents {trigger_side(ptx)} the wait, want {want}")
+    if not launch_pdl:
+        problems.append("built without launch_pdl")
+    if off_ptx is not None and opcode_counts(ptx) != opcode_counts(off_ptx):
+        problems.append("other instructions than its PDL-off variant")
+    return problems
+
+
+def compile_variant(fn, args, kwargs, off_ptx: str | None = None) -> str | None:
+    """Compile one variant for sm90 and check it (pdl_problems); prints ok / FAIL; its PTX, None when it failed."""
+    try:
+        compiled = compile_launch(fn, args, dict(kwargs))
+        smem = compiled.metadata.shared
+        if smem > SM90_MAX_SMEM:
+            raise RuntimeError(f"needs {smem} B of shared memory, sm90 has {SM90_MAX_SMEM}")
+        problems = pdl_problems(compiled.asm["ptx"], kwargs["PDL"], compiled.metadata.launch_pdl, off_ptx)
+        if problems:
+            raise RuntimeError("PDL check: " + "; ".join(problems))
+        print(f"ok   {fn.__name__} smem={smem} {dict(kwargs)}")
+        return compiled.asm["ptx"]
+    except Exception as exc:  # noqa: BLE001 - report every failing variant
+        print(f"FAIL {fn.__name__} {dict(kwargs)}: {type(exc).__name__}: {str(exc)[:2000]}")
+        return None
+
+
 def main() -> int:
     q_lens = (1, 4, 16) if "--all" in sys.argv else (4,)
-    try:
-        record_all(q_lens)
-    except Exception as exc:  # noqa: BLE001 - compile what was recorded so far
-        print(f"recording stopped early: {type(exc).__name__}: {exc}")
-    seen, failed = set(), 0
-    for fn, args, kwargs in LAUNCHES:
-        key = (fn.__name__, tuple(sorted((k, str(v)) for k, v in kwargs.items())),
-               tuple(_sig_type(a) for a in args))
-        if key in seen:
-            continue
-        seen.add(key)
-        try:
-            smem = compile_launch(fn, args, dict(kwargs)).metadata.shared
-            if smem > SM90_MAX_SMEM:
-                raise RuntimeError(f"needs {smem} B of shared memory, sm90 has {SM90_MAX_SMEM}")
-            print(f"ok   {fn.__name__} smem={smem} {dict(kwargs)}")
-        except Exception as exc:  # noqa: BLE001 - report every failing variant
-            failed += 1
-            print(f"FAIL {fn.__name__} {dict(kwargs)}: {type(exc).__name__}: {str(exc)[:2000]}")
-    print(f"{len(seen) - failed}/{len(seen)} variants compiled for sm90")
-    return 1 if failed or not seen else 0
+    runs = record_modes(q_lens)
+    flags = launch_problems(runs)
+    for p in flags:
+        print(f"FLAG {p}")
+    print(f"launch flags: {'ok' if not flags else f'{len(flags)} problems'} "
+          f"({len(kernel_names())} kernels, {len(runs)} PDL modes)")
+    if "--record-only" in sys.argv:
+        return 1 if flags or not runs[backend.Pdl.OFF] else 0
+    off = [] if "--pdl-only" in sys.argv else variants(runs[backend.Pdl.OFF])
+    off_ptx = {variant_key(*launch, pdl=False): compile_variant(*launch) for launch in off}
+    pdl = variants(runs[backend.Pdl.ON]) + one_per_kernel(runs[backend.Pdl.EARLY])
+    pdl_ok = [compile_variant(*launch, off_ptx.get(variant_key(*launch, pdl=False))) is not None for launch in pdl]
+    n_ok = sum(p is not None for p in off_ptx.values()) + sum(pdl_ok)
+    print(f"{n_ok}/{len(off) + len(pdl)} variants compiled for sm90")
+    print(f"race check: {sum(pdl_ok)}/{len(pdl)} PDL variants wait before any global access "
+          f"({len({launch[0].__name__ for launch in pdl})} kernels)"
+          + ("" if not off else "; the same instructions as their PDL-off variants"))
+    return 1 if flags or n_ok < len(off) + len(pdl) or not pdl else 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,127 @@
+"""On the GPU: the decode fast path replayed in a CUDA graph gives bit-identical logits with programmatic
+dependent launch off, on (trigger after the wait) and early (trigger before it), at one TP8 rank's shapes, and
+every replay repeats the first (a race between overlapping kernels shows as a replay that differs, or NaN: the
+output is poisoned before each replay).
+
+Every kernel of the step is deterministic (split K and split KV meet in a fixed order) and PDL adds only the wait
+and the trigger to each kernel, so the three modes agree to the bit. Cases: bf16 weights with FP8 and hybrid
+(NVFP4 MSA) KV, MXFP8 weights, NVFP4 experts; batches 1, 4, 16, 64 (the skinny GEMV and dot, the MXFP8 GEMV /
+first kernel / dot, the fused MoE's split-K, shared-expert and grouped paths), realistic and all-local routing;
+8k context (split-KV attention, the MSA indexer over 64 blocks)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from benchmark_scripts import load_benchmark
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+CTX = 8192
+BATCHES = (1, 4, 16, 64)
+REPLAYS = 3
+OPS = ("skinny", "skinny-pdl", "skinny-pdl-early")  # decode_setup.OpsSet: PDL off, on, early trigger
+
+
+@pytest.fixture(scope="module")
+def bench():
+    setup = load_benchmark("decode_setup")  # puts benchmarks/ on sys.path for the two below
+    import decode_floor
+    import decode_routing
+
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("PDL needs sm90+")
+    return setup, decode_floor, decode_routing
+
+
+def _rank(setup, floor, weights: str, kv_dtype: str):
+    """(model, kv, shapes) over the dense layers + 2 MSA + MoE layers, random KV for 64 x 8k. Plain weights: one
+    TP8/EP8 rank (decode_step.py's); quantized: the world-1 per-GPU shapes (mxfp8_gpu.py's: the rank model's
+    replicated index projection is plain-only)."""
+    from m3bench.runtime.attention.select import make_backend
+    from m3bench.runtime.kv_cache import KVCache, KVDtype
+    from m3bench.runtime.layers.weight_format import LinearFormat
+    from m3bench.runtime.model import M3ForCausalLM
+
+    fmt, dev = LinearFormat(weights), torch.device("cuda")
+    s = floor.RANK if fmt is LinearFormat.PLAIN else floor.M3Shapes()
+    cfg = setup.our_config(setup.hf_m3_config(s, s.dense_layers + 2, CTX * 2 + s.page))
+    backend = make_backend("auto", dev, cfg, s.page)
+    if fmt is LinearFormat.PLAIN:
+        model = setup.rank_model(s, cfg, torch.bfloat16, dev, backend)
+    else:
+        model = M3ForCausalLM(cfg, torch.bfloat16, dev, backend=backend, weights=fmt)
+        model.init_dummy(0)
+    kv = KVCache(cfg, max(BATCHES) * floor.pages_per_seq(s, CTX) + 1, s.page, KVDtype(kv_dtype), torch.bfloat16,
+                 dev, model.tp)
+    _fill(setup, kv)
+    return model, kv, s
+
+
+def _fill(setup, kv) -> None:
+    """Random pages; NVFP4 ones as random codes with scales in [0.25, 2) (fill_random_ leaves their scales 0)."""
+    setup.fill_random_(kv)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    for store in [*kv.k, *kv.v, *(s for s in kv.ik if s is not None)]:
+        if store.scales is not None:
+            store.data.copy_(torch.randint(0, 256, store.data.shape, generator=g, device="cuda", dtype=torch.uint8))
+            scales = torch.rand(store.scales.shape, generator=g, device="cuda") * 1.75 + 0.25
+            store.scales.copy_(scales.to(store.scales.dtype))
+
+
+@torch.inference_mode()
+def _replays(setup, model, kv, s, batch: int, ops: str) -> list[torch.Tensor]:
+    """The step's logits from REPLAYS replays of its CUDA graph, captured under ops' PDL mode."""
+    from m3bench.runtime.kernels.backend import pdl_launch
+
+    dev = torch.device("cuda")
+    meta = setup.decode_meta(s, batch, CTX, dev)
+    ids = torch.randint(0, s.vocab, (batch,), generator=torch.Generator().manual_seed(batch)).to(dev)
+    out = torch.empty(batch, s.vocab, dtype=torch.float32, device=dev)
+
+    def step():
+        out.copy_(model.compute_logits(model(ids, meta.positions, meta, kv)))
+
+    with setup.pdl_mode():
+        setup.set_ops(model, setup.OpsSet(ops))
+        assert pdl_launch(out) == (ops != "skinny")  # the PDL sets really launch with PDL here
+        run, graphed = setup.graphed(step, dev)
+        assert graphed, "the decode step did not capture"
+        got = []
+        for _ in range(REPLAYS):
+            out.fill_(float("nan"))
+            run()
+            torch.cuda.synchronize()
+            got.append(out.clone())
+    return got
+
+
+def _mismatches(runs: dict[str, list[torch.Tensor]], case: str) -> list[str]:
+    """Every replay of every mode against PDL off's first replay, bit for bit."""
+    want = runs["skinny"][0]
+    if not torch.isfinite(want).all():
+        return [f"{case}: PDL off gave non-finite logits"]
+    bad = []
+    for ops, replays in runs.items():
+        for i, got in enumerate(replays):
+            if not torch.equal(got, want):
+                diff = (got - want).abs().nan_to_num(float("inf")).max().item()
+                bad.append(f"{case} {ops} replay {i}: max |diff| {diff:.3e}")
+    return bad
+
+
+@pytest.mark.parametrize("weights, kv_dtype", [("plain", "fp8"), ("plain", "hybrid"), ("mxfp8", "fp8"),
+                                               ("nvfp4-experts", "hybrid")])
+def test_pdl_modes_give_identical_decode_steps(bench, weights, kv_dtype):
+    from m3bench.runtime.kernels.mx_linear import split_counters
+
+    setup, floor, routing = bench
+    model, kv, s = _rank(setup, floor, weights, kv_dtype)
+    bad = []
+    for route in routing.Routing:
+        routing.set_routing(model, route)
+        for batch in BATCHES:
+            runs = {ops: _replays(setup, model, kv, s, batch, ops) for ops in OPS}
+            bad += _mismatches(runs, f"{weights} weights, {kv_dtype} KV, {route.value}, B={batch}")
+    assert not split_counters(torch.device("cuda")).any(), "split-K counters left non-zero"
+    assert not bad, "\n".join(bad)
