@@ -36,9 +36,9 @@ WAVES_PER_TARGET = 4  # segments for ~4x target_programs: each program streams i
 #                       scores are written per block either way, so more segments cost no extra traffic
 MAX_TOPK_CHUNK = 4096  # score rows up to this many blocks stay in registers
 SCORE_STAGES = 2  # pipeline stages of the scores kernel (3-4 were within 1% on the H200, performance.md 2d)
-NVFP4_DECODE_MAX_REGS = 96  # the NVFP4 scores kernel at decode rows: 123 registers a thread unbounded (Triton 3.6,
-#                             sm90), i.e. 4 programs an SM; 96 fit 5 with no spills for 4% more instructions a
-#                             step (424 -> 440); FP8 keys take 96 unbounded. None: unbounded
+NVFP4_DECODE_MAX_REGS = None  # a register cap for the NVFP4 scores kernel at decode rows (None: unbounded). H200,
+#                               B32 (benchmarks/msa_index_variants.py, 2026-12-03): unbounded 42.1 / 131.5 us at
+#                               32k / 128k, capped at 96 (5 programs an SM) 45.9 / 138.6, at 88 45.2 / 142.2
 RANK_BLOCKS = 128  # rows of at most this many valid blocks are selected by rank (an [n, n] compare tile)
 
 

@@ -58,10 +58,9 @@ def router_align_supported(n_tok: int, n_experts: int, top_k: int) -> bool:
 
 
 def router_topk_align(logits: torch.Tensor, bias: torch.Tensor | None, top_k: int, scale: float, first: int,
-                      n_local: int, block_m: int, shared: bool,
-                      num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor, MoeAlignment]:
+                      n_local: int, block_m: int, shared: bool) -> tuple[torch.Tensor, torch.Tensor, MoeAlignment]:
     """router_topk, the ids made local (minus `first`), and moe_align(local ids, n_local, block_m,
-    n_shared = T if shared) of the same picks, in one launch (num_warps: align_warps(T) unless given)."""
+    n_shared = T if shared) of the same picks, in one launch."""
     from m3bench.runtime.kernels.router_triton import router_align_kernel
 
     if not (router_topk_supported(logits, top_k) and router_align_supported(*logits.shape, top_k)
@@ -80,13 +79,6 @@ def router_topk_align(logits: torch.Tensor, bias: torch.Tensor | None, top_k: in
         logits, logits if bias is None else bias, w, ids, n_tok, float(scale), logits.stride(0), int(first),
         out.sorted_ids, out.block_expert, out.n_post, E=n_exp, K=top_k, KP=next_pow2(top_k),
         BLOCK_T=next_pow2(max(n_tok, 1)), HAS_BIAS=bias is not None, E_LOCAL=n_local, BLOCK_M=block_m,
-        SHARED=shared, EP=next_pow2(n_local + shared), num_warps=num_warps or align_warps(n_tok),
-        **pdl_args(logits),
+        SHARED=shared, num_warps=4, **pdl_args(logits),
     )
     return w, ids, out
-
-
-def align_warps(n_tok: int) -> int:
-    """One token row a warp, up to 4: a top-k round's max then stays in one warp (no shared memory,
-    no barrier), which at 1 token is the whole kernel but the one barrier before the alignment."""
-    return min(4, next_pow2(max(n_tok, 1)))
