@@ -31,7 +31,7 @@ from mxfp8_speed import FLOOR_BYTES_PER_S, copies, linear_weights
 
 from m3bench.runtime import quant
 from m3bench.runtime.kernels.backend import KernelBackend, next_pow2
-from m3bench.runtime.kernels.moe import MoeTiles, fused_moe, moe_tiles
+from m3bench.runtime.kernels.moe import MoeTiles, fused_moe, mx_moe_tiles
 from m3bench.runtime.kernels.moe_quant import quant_moe_tiles
 from m3bench.runtime.kernels.mx_linear import MxKernel, MxTiles, block_k_for, mx_tiles, split_for
 from m3bench.runtime.kernels.mxfp8 import mxfp8_linear
@@ -126,7 +126,7 @@ def sweep_moe_v1(sh: Shapes, batches, dev, gen) -> None:
         check = lambda t: rel_err(fused_moe(**rs[0], **weights, backend=TRITON, tiles=t), want)  # noqa: E731
         bf = ex.bf16
         bf_us = time_us([lambda r=r: fused_moe(**r, **bf, backend=TRITON) for r in rs])
-        rule = moe_tiles(b * sh.top_k, sh.n_local, sh.inter, sh.hidden)
+        rule = mx_moe_tiles(b * sh.top_k, sh.n_local, sh.inter, sh.hidden)
         rule_us = time_us(run(rule))
         us, t = best_of(v1_candidates(rule), run, check)
         print(f"{name} mxfp8-v1 B={b}: floor {floor_us:6.1f} bf16 {bf_us:6.1f} | rule {rule_us:7.1f} us "

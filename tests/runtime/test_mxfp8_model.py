@@ -55,7 +55,11 @@ def test_loader_keeps_fp8_and_e8m0(mx_dir):
     f = next(p for p in sorted(mx_dir.glob("*.safetensors"))
              if "language_model.model.layers.1.self_attn.q_proj.weight" in safe_open(str(p), "pt").keys())
     stored = safe_open(str(f), "pt").get_tensor("language_model.model.layers.1.self_attn.q_proj.weight")
-    assert torch.equal(layer.attn.qkv.weight[:stored.shape[0]].view(torch.uint8), stored.view(torch.uint8))
+    from m3bench.runtime import quant
+
+    loaded = layer.attn.qkv.weight[:stored.shape[0]]  # block-major (MX_LAYOUT) or row-major
+    loaded = quant.row_major(loaded) if loaded.dim() == 3 else loaded
+    assert torch.equal(loaded.view(torch.uint8), stored.view(torch.uint8))
 
 
 @pytest.mark.parametrize("dtype, atol", [("float32", 1e-4), ("bfloat16", 0.05)])
@@ -118,6 +122,7 @@ def test_block_major_layout_computes_the_same(mx_dir, monkeypatch):
     from m3bench.runtime import quant
     from m3bench.runtime.layers import weight_format as wf
 
+    monkeypatch.setitem(wf.MX_LAYOUT, "layout", wf.MxLayout.ROW_MAJOR)
     _, want_ids, want_lp = _run(mx_dir, "float32", "auto")
     monkeypatch.setitem(wf.MX_LAYOUT, "layout", wf.MxLayout.BLOCK_MAJOR)
     llm, ids, lp = _run(mx_dir, "float32", "auto")

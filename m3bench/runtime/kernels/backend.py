@@ -103,9 +103,10 @@ class Pdl(Enum):
 
 PDL_CODE = {Pdl.OFF: 0, Pdl.ON: 1, Pdl.EARLY: 2}  # the kernels' PDL constexpr (pdl_triton.pdl_wait)
 
-# The default. OFF until timed on the H200 (benchmarks/decode_step.py --ops-sets skinny skinny-pdl skinny-pdl-early
-# times the three in one run); flipping it is this one line.
-PDL_DEFAULT = Pdl.OFF
+# The default. H200, 60-layer TP8/EP8 rank decode step at 8k (benchmarks/decode_step.py --ops-sets skinny skinny-pdl
+# skinny-pdl-early, 2026-12-03): B1 realistic 5.175 ms off, 4.511 on, 4.818 early; B1 all-local 10.275 / 9.699 /
+# 10.070; B64 unchanged (26.00 / 26.04 / 26.04). Steps bit-identical in every mode (tests/benchmarks/test_decode_pdl_gpu.py).
+PDL_DEFAULT = Pdl.ON
 PDL_ENV_VAR = "M3BENCH_PDL"  # off / on / early: this process's choice instead (e.g. a GPU test run with PDL on)
 
 

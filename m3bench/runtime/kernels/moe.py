@@ -119,6 +119,16 @@ def moe_tiles(n_pairs: int, n_experts: int, inter: int, hidden: int, shared_inte
                    block_n_down=_narrow(base.block_n, blocks, hidden))
 
 
+def mx_moe_tiles(n_pairs: int, n_experts: int, inter: int, hidden: int) -> MoeTiles:
+    """The first generation's tiles for MXFP8 experts: moe_tiles' BLOCK_M, BLOCK_N 64 (not narrowed), 3 stages,
+    the down GEMM's N tiles 128 from BLOCK_M 32. H200 sweep (benchmarks/mxfp8_speed_sweep.py moe-v1, 2026-12-03,
+    block-major weights, us): moe-local B1 108.1 -> 93.3, B4 249.2 -> 207.5, B16 297.5 -> 290.6, B64 389.4 -> 364.3;
+    moe-ep B1 55.7 -> 47.8, B64 355.9 -> 340.5 (moe_tiles' choice -> these)."""
+    base = moe_tiles(n_pairs, n_experts, inter, hidden)
+    return replace(base, block_n=64, num_stages=3, block_n_down=128 if base.block_m > 16 else 64,
+                   num_warps=4)
+
+
 def skinny_tiles(inter: int, shared_inter: int, hidden: int, block_n: int = 32, block_k: int = 64) -> MoeTiles:
     """A batch of a few tokens reads each active expert's weights once: the shared expert alone (or
     one routed expert) must fill MIN_PROGRAMS programs, so the gate+up reduction over `hidden` splits
@@ -162,8 +172,9 @@ def fused_moe(
         return fused_moe_reference(x, w_gate, w_up, w_down, topk_ids, topk_weights, activation, alpha, limit,
                                    out, shared)
     _check_shared(shared, scales, w_gate, x)
-    if scales is not None and tiles is None and moe_generation(scales.gate_global is not None) is QuantKernels.V1:
-        tiles = moe_tiles(topk_ids.numel(), w_gate.shape[0], w_gate.shape[1], x.shape[1])
+    if scales is not None and tiles is None and (moe_generation(scales.gate_global is not None) is QuantKernels.V1
+                                                 or w_gate.dim() == 4):  # block-major: the first kernels read it
+        tiles = mx_moe_tiles(topk_ids.numel(), w_gate.shape[0], w_gate.shape[1], x.shape[1])
     if scales is not None and not isinstance(tiles, MoeTiles):  # quantized: the tile-dequantizing kernels
         from m3bench.runtime.kernels.moe_quant import fused_moe_quant
 

@@ -49,7 +49,9 @@ class MxLayout(Enum):
     BLOCK_MAJOR = "block-major"  # storage [..., K/32, N, 32], the view [..., N, K/32, 32] (quant.block_major)
 
 
-MX_LAYOUT = {"layout": MxLayout.ROW_MAJOR}  # the process-wide choice (benchmarks/mxfp8_gpu.py times both)
+# The process-wide choice. H200, one TP8/EP8 rank in MXFP8, 60 layers, 8k (benchmarks/mxfp8_gpu.py --steps-only,
+# 2026-12-03): block-major steps B1 9.689 / B16 22.293 / B64 32.121 ms against row-major 10.946 / 26.062 / 37.414.
+MX_LAYOUT = {"layout": MxLayout.BLOCK_MAJOR}
 MX_WEIGHTS = (("weight", "weight_scale"), ("w_gate_up", "w_gate_up_scale"), ("w_down", "w_down_scale"))
 
 
