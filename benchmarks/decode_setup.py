@@ -189,6 +189,9 @@ class OpsSet(Enum):
     #                    launch off (kernels.backend.Pdl.OFF, whatever the runtime's default)
     SKINNY_PDL = "skinny-pdl"  # + every Triton kernel launched with PDL, the trigger after its wait (Pdl.ON)
     SKINNY_PDL_EARLY = "skinny-pdl-early"  # ... the trigger before its wait (Pdl.EARLY)
+    SKINNY_PDL_SIDE = "skinny-pdl-side"  # skinny-pdl + the shared expert's gate|up on a side stream beside the
+    #                                      router (SparseMoe.shared_beside GATE_UP, kernels/lanes.py)
+    SKINNY_PDL_SIDE_WHOLE = "skinny-pdl-side-whole"  # ... its gate|up and down there, added in the routed sum (WHOLE)
 
     def holds(self, other: "OpsSet") -> bool:
         order = list(OpsSet)
@@ -199,7 +202,16 @@ def pdl_of(ops: OpsSet):
     """The PDL mode (kernels.backend.Pdl) an ops set runs its Triton kernels with."""
     from m3bench.runtime.kernels.backend import Pdl
 
-    return {OpsSet.SKINNY_PDL: Pdl.ON, OpsSet.SKINNY_PDL_EARLY: Pdl.EARLY}.get(ops, Pdl.OFF)
+    return {OpsSet.SKINNY_PDL: Pdl.ON, OpsSet.SKINNY_PDL_EARLY: Pdl.EARLY, OpsSet.SKINNY_PDL_SIDE: Pdl.ON,
+            OpsSet.SKINNY_PDL_SIDE_WHOLE: Pdl.ON}.get(ops, Pdl.OFF)
+
+
+def beside_of(ops: OpsSet):
+    """Where an ops set runs the shared expert below the fused MoE's threshold (layers.moe.SharedBeside)."""
+    from m3bench.runtime.layers.moe import SharedBeside
+
+    return {OpsSet.SKINNY_PDL_SIDE: SharedBeside.GATE_UP, OpsSet.SKINNY_PDL_SIDE_WHOLE: SharedBeside.WHOLE}.get(
+        ops, SharedBeside.OFF)
 
 
 @contextmanager
@@ -219,7 +231,7 @@ def pdl_mode(mode=None):
 
 def set_ops(model, ops: OpsSet) -> None:
     """Switch the model's fast path to the fused ops of `ops` (TritonBackend.fuse_ops, SparseMoe's
-    fuse_router / fuse_shared / fuse_align / fuse_router_input, Attention.fuse_branches, GatedMLP.fuse_act,
+    fuse_router / fuse_shared / fuse_align / fuse_router_input / shared_beside, Attention.fuse_branches, GatedMLP.fuse_act,
     the layers' skinny_rows) and the process to its PDL mode (kernels.backend.PDL; pdl_mode() restores it)."""
     from m3bench.runtime.kernels.backend import PDL
     from m3bench.runtime.kernels.skinny import SKINNY_MAX_ROWS
@@ -238,6 +250,7 @@ def set_ops(model, ops: OpsSet) -> None:
         if isinstance(layer.mlp, SparseMoe):
             layer.mlp.fuse_router = fused_v1
             layer.mlp.fuse_shared = layer.mlp.fuse_align = layer.mlp.fuse_router_input = fused
+            layer.mlp.shared_beside = beside_of(ops)
             if layer.mlp.shared is not None:
                 layer.mlp.shared.fuse_act = ops.holds(OpsSet.SKINNY)
 

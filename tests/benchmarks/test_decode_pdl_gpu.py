@@ -1,7 +1,10 @@
 """On the GPU: the decode fast path replayed in a CUDA graph gives bit-identical logits with programmatic
 dependent launch off, on (trigger after the wait) and early (trigger before it), at one TP8 rank's shapes, and
 every replay repeats the first (a race between overlapping kernels shows as a replay that differs, or NaN: the
-output is poisoned before each replay).
+output is poisoned before each replay). The same with the shared expert's gate|up on a side stream beside the
+router (SparseMoe.shared_beside GATE_UP, batches of at most 4): the same kernels on the same inputs, run
+concurrently. The whole shared expert beside (WHOLE) adds it in the routed sum, another rounding: its replays repeat
+its first, which is within bf16 noise of PDL off's.
 
 Every kernel of the step is deterministic (split K and split KV meet in a fixed order) and PDL adds only the wait
 and the trigger to each kernel, so the three modes agree to the bit. Cases: bf16 weights with FP8 and hybrid
@@ -20,7 +23,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 CTX = 8192
 BATCHES = (1, 4, 16, 64)
 REPLAYS = 3
-OPS = ("skinny", "skinny-pdl", "skinny-pdl-early")  # decode_setup.OpsSet: PDL off, on, early trigger
+# decode_setup.OpsSet: PDL off, on, early trigger; on with the shared expert's gate|up on the side stream
+OPS = ("skinny", "skinny-pdl", "skinny-pdl-early", "skinny-pdl-side")
+WHOLE = "skinny-pdl-side-whole"  # the whole shared expert beside: its own rounding, so its replays repeat its first
 
 
 @pytest.fixture(scope="module")
@@ -96,11 +101,11 @@ def _replays(setup, model, kv, s, batch: int, ops: str) -> list[torch.Tensor]:
     return got
 
 
-def _mismatches(runs: dict[str, list[torch.Tensor]], case: str) -> list[str]:
-    """Every replay of every mode against PDL off's first replay, bit for bit."""
-    want = runs["skinny"][0]
+def _mismatches(runs: dict[str, list[torch.Tensor]], case: str, want: torch.Tensor | None = None) -> list[str]:
+    """Every replay of every mode against `want` (default PDL off's first replay), bit for bit."""
+    want = runs["skinny"][0] if want is None else want
     if not torch.isfinite(want).all():
-        return [f"{case}: PDL off gave non-finite logits"]
+        return [f"{case}: non-finite logits"]
     bad = []
     for ops, replays in runs.items():
         for i, got in enumerate(replays):
@@ -110,9 +115,17 @@ def _mismatches(runs: dict[str, list[torch.Tensor]], case: str) -> list[str]:
     return bad
 
 
+def _close(got: torch.Tensor, want: torch.Tensor, case: str) -> list[str]:
+    """Logits of another rounding order (the shared expert added in fp32 to the routed sum, not in its down GEMM's
+    epilogue): within bf16 noise of the step's logits' scale."""
+    rel = float((got - want).abs().max() / want.abs().max())
+    return [] if rel < 3e-2 else [f"{case} {WHOLE}: relative max |diff| {rel:.3e} against PDL off"]
+
+
 @pytest.mark.parametrize("weights, kv_dtype", [("plain", "fp8"), ("plain", "hybrid"), ("mxfp8", "fp8"),
                                                ("nvfp4-experts", "hybrid")])
 def test_pdl_modes_give_identical_decode_steps(bench, weights, kv_dtype):
+    from m3bench.runtime.kernels.lanes import MAIN, SIDE
     from m3bench.runtime.kernels.mx_linear import split_counters
 
     setup, floor, routing = bench
@@ -121,7 +134,12 @@ def test_pdl_modes_give_identical_decode_steps(bench, weights, kv_dtype):
     for route in routing.Routing:
         routing.set_routing(model, route)
         for batch in BATCHES:
+            case = f"{weights} weights, {kv_dtype} KV, {route.value}, B={batch}"
             runs = {ops: _replays(setup, model, kv, s, batch, ops) for ops in OPS}
-            bad += _mismatches(runs, f"{weights} weights, {kv_dtype} KV, {route.value}, B={batch}")
-    assert not split_counters(torch.device("cuda")).any(), "split-K counters left non-zero"
+            bad += _mismatches(runs, case)
+            whole = _replays(setup, model, kv, s, batch, WHOLE)
+            bad += _mismatches({WHOLE: whole}, case, whole[0])
+            bad += _close(whole[0], runs["skinny"][0], case)
+    for lane in (MAIN, SIDE):
+        assert not split_counters(torch.device("cuda"), lane).any(), f"lane {lane}'s split-K counters left non-zero"
     assert not bad, "\n".join(bad)

@@ -14,13 +14,16 @@ fp32 global per row [E, I] / [E, H]). The kernels dequantize either in registers
 experts plain too) adds the shared expert as one more expert every token picks with weight 1, in the
 same launches; batches of at most SKINNY_TOKENS tokens then split the gate+up reduction (split-K,
 `MoeTiles.split_k`) so the few weight rows a skinny batch reads spread over the whole GPU.
+`add` ([T, H] in x's dtype, or a callable giving it) joins the final sum (fp32) where the first-generation
+kernels run (`sums_with_add`): a callable is called right before the sum's launch, so a caller can join a
+side stream (kernels/lanes.py) that made it while the experts ran.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -164,20 +167,23 @@ def fused_moe(
     scales: MoeScales | None = None,
     shared: SharedExpert | None = None,
     alignment: MoeAlignment | None = None,
+    add: torch.Tensor | Callable[[], torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t]) (+ shared(x[t])) -> [T, H]."""
+    """sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t]) (+ shared(x[t])) (+ add[t]) -> [T, H]."""
     if not use_triton(backend, x):
         if scales is not None:
             w_gate, w_up, w_down = scales.dequantized(w_gate, w_up, w_down, x.dtype)
-        return fused_moe_reference(x, w_gate, w_up, w_down, topk_ids, topk_weights, activation, alpha, limit,
-                                   out, shared)
+        y = fused_moe_reference(x, w_gate, w_up, w_down, topk_ids, topk_weights, activation, alpha, limit,
+                                None if add is not None else out, shared)
+        return y if add is None else _added(y, _addend(add), out)
     _check_shared(shared, scales, w_gate, x)
-    if scales is not None and tiles is None and (moe_generation(scales.gate_global is not None) is QuantKernels.V1
-                                                 or w_gate.dim() == 4):  # block-major: the first kernels read it
+    if scales is not None and tiles is None and first_generation(scales, w_gate):
         tiles = mx_moe_tiles(topk_ids.numel(), w_gate.shape[0], w_gate.shape[1], x.shape[1])
     if scales is not None and not isinstance(tiles, MoeTiles):  # quantized: the tile-dequantizing kernels
         from m3bench.runtime.kernels.moe_quant import fused_moe_quant
 
+        if add is not None:
+            raise ValueError("fused_moe: add needs the first-generation kernels (sums_with_add)")
         return fused_moe_quant(x, w_gate, w_up, w_down, topk_ids, topk_weights, activation, alpha, limit, out,
                                scales, tiles)
     n_tok, top_k = topk_ids.shape
@@ -196,8 +202,32 @@ def fused_moe(
     weights = topk_weights.reshape(-1).contiguous()
     _launch_down(inter, w_down, y, sorted_ids, block_expert, n_post, weights, tiles, scales, shared)
     out = torch.empty_like(x) if out is None else out
-    _launch_sum(y, ids, out, n_exp, top_k, shared is not None)
+    _launch_sum(y, ids, out, n_exp, top_k, shared is not None, _addend(add))
     return out
+
+
+def first_generation(scales: MoeScales, w_gate: torch.Tensor) -> bool:
+    """Quantized experts without given tiles run the first-generation kernels (kernels/moe_triton.py): the
+    generation picked for their format, or block-major weights (only those kernels read them)."""
+    return moe_generation(scales.gate_global is not None) is QuantKernels.V1 or w_gate.dim() == 4
+
+
+def sums_with_add(scales: MoeScales | None, w_gate: torch.Tensor, tiles=None) -> bool:
+    """Whether fused_moe with these weights (and tiles) ends in moe_sum_kernel, which takes `add`."""
+    if tiles is not None:
+        return isinstance(tiles, MoeTiles)
+    return scales is None or first_generation(scales, w_gate)
+
+
+def _addend(add) -> torch.Tensor | None:
+    return add() if callable(add) else add
+
+
+def _added(y: torch.Tensor, add: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """y + add summed in fp32 (fp64 for fp64), in y's dtype (into out when given): the sum kernel's arithmetic."""
+    acc = torch.float64 if y.dtype == torch.float64 else torch.float32
+    s = (y.to(acc) + add.to(acc)).to(y.dtype)
+    return s if out is None else out.copy_(s)
 
 
 def _inter_dtype(x: torch.Tensor, scales: MoeScales | None, activation: MoeActivation) -> torch.dtype:
@@ -334,10 +364,13 @@ def _launch_down(inter, wd, y, sorted_ids, block_expert, n_post, weights, tiles,
     )
 
 
-def _launch_sum(y, ids, out, n_exp, top_k, shared: bool = False):
+def _launch_sum(y, ids, out, n_exp, top_k, shared: bool = False, add: torch.Tensor | None = None):
     from m3bench.runtime.kernels.moe_triton import moe_sum_kernel
 
+    if add is not None and (add.shape != out.shape or add.stride(-1) != 1):
+        raise ValueError(f"fused_moe: add must be a {tuple(out.shape)} tensor contiguous in its last dim")
     block_n = min(1024, next_pow2(out.shape[1]))
     grid = (out.shape[0], math.ceil(out.shape[1] / block_n))
-    moe_sum_kernel[grid](y, ids, out, y.stride(0), out.stride(0), ids.numel(), E=n_exp, H=out.shape[1],
-                          TOPK=top_k, BLOCK_N=block_n, SHARED=shared, num_warps=4, **pdl_args(out))
+    moe_sum_kernel[grid](y, ids, out, out if add is None else add, y.stride(0), out.stride(0),
+                         0 if add is None else add.stride(0), ids.numel(), E=n_exp, H=out.shape[1], TOPK=top_k,
+                         BLOCK_N=block_n, SHARED=shared, ADD=add is not None, num_warps=4, **pdl_args(out))

@@ -245,11 +245,11 @@ def moe_down_kernel(
 
 @triton.jit(do_not_specialize=["n_routed"])
 def moe_sum_kernel(
-    y_ptr, ids_ptr, out_ptr, s_yp, s_ot, n_routed, E: tl.constexpr, H: tl.constexpr, TOPK: tl.constexpr,
-    BLOCK_N: tl.constexpr, SHARED: tl.constexpr, PDL: tl.constexpr,
+    y_ptr, ids_ptr, out_ptr, add_ptr, s_yp, s_ot, s_at, n_routed, E: tl.constexpr, H: tl.constexpr,
+    TOPK: tl.constexpr, BLOCK_N: tl.constexpr, SHARED: tl.constexpr, ADD: tl.constexpr, PDL: tl.constexpr,
 ):
     """out[t, n] = sum over k with a local expert of y[t * TOPK + k, n] (+ the shared expert's row
-    y[n_routed + t] with SHARED); grid (T, cdiv(H, BLOCK_N))."""
+    y[n_routed + t] with SHARED) (+ add[t, n] with ADD), in fp32; grid (T, cdiv(H, BLOCK_N))."""
     pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
     t = tl.program_id(0).to(tl.int64)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -260,4 +260,6 @@ def moe_sum_kernel(
         acc += tl.load(y_ptr + (t * TOPK + k) * s_yp + n, mask=n < n_end, other=0.0).to(tl.float32)
     if SHARED:
         acc += tl.load(y_ptr + (n_routed + t) * s_yp + n, mask=n < H, other=0.0).to(tl.float32)
+    if ADD:
+        acc += tl.load(add_ptr + t * s_at + n, mask=n < H, other=0.0).to(tl.float32)
     tl.store(out_ptr + t * s_ot + n, acc.to(out_ptr.dtype.element_ty), mask=n < H)

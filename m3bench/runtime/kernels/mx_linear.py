@@ -7,8 +7,8 @@ kernel.
 K is split as far as one wave of resident programs allows (decode GEMMs are a few MB: a second wave or a
 second load round trip costs as much as the transfer); the splits of a tile meet through a
 per-tile counter (one zeroed int32 buffer per device, reset by the kernel itself) and an fp32 partial
-buffer, so a launch is one kernel. Launches on one device must not overlap in time (one stream), as the
-counters are shared.
+buffer, so a launch is one kernel. Launches of one lane (kernels/lanes.py: the main stream, or the side stream
+beside it) must not overlap in time, as a lane's counters are shared.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from enum import Enum
 import torch
 
 from m3bench.runtime.kernels.backend import interpreting, next_pow2, pdl_args, sm_count
+from m3bench.runtime.kernels.lanes import current_lane
 
 # One row runs the GEMV: on the H200 (benchmarks/mxfp8_speed.py, 2026-12-02) it beat the dot kernel at
 # batch 1 in all six linears (e.g. qkv+index 8.8 against 18.2 us, o_proj 5.1 against 8.4), although its sm90
@@ -88,14 +89,15 @@ def mx_tiles(m: int, n: int, k: int, kernel: MxKernel | None = None, sms: int = 
 
 
 @functools.cache
-def _counters(device: torch.device) -> torch.Tensor:
+def _counters(device: torch.device, lane: int) -> torch.Tensor:
     return torch.zeros(COUNTERS, dtype=torch.int32, device=device)
 
 
-def split_counters(device: torch.device) -> torch.Tensor:
-    """The device's zeroed per-tile counters (each launch leaves them zero)."""
+def split_counters(device: torch.device, lane: int | None = None) -> torch.Tensor:
+    """The device's zeroed per-tile counters of a lane (kernels/lanes.py; default the current one; each launch
+    leaves them zero)."""
     return _counters(torch.device(device.type, device.index if device.index is not None else 0)
-                     if device.type == "cuda" else device)
+                     if device.type == "cuda" else device, current_lane() if lane is None else lane)
 
 
 def block_stride(w: torch.Tensor, dims: int) -> int:

@@ -15,6 +15,8 @@ owners and back. On CUDA the routed experts run as one fused Triton MoE (`kernel
 no host reads, CUDA-graph safe), the shared expert inside it as one more expert (`fuse_shared`, from
 FUSE_SHARED_FROM_TOKENS tokens; not with `exchange`); the torch path (tokens grouped by expert with a
 sort, counts read on the host) stays for CPU and float64 and is the reference. `kernel_backend` forces either one.
+Below FUSE_SHARED_FROM_TOKENS the shared expert runs on its own, on a side stream beside the router's chain
+(`shared_beside`, SharedBeside; kernels/lanes.py).
 Built under `linear_format(LinearFormat.MXFP8)` the experts are float8_e4m3fn with E8M0 scales
 (`w_gate_up_scale` [E, 2 I, H/32], `w_down_scale` [E, H, I/32]); under NVFP4_EXPERTS they are packed E2M1
 (uint8 [E, 2 I, H/2], [E, H, I/2]) with e4m3 scales per 16 inputs and fp32 globals per row
@@ -24,12 +26,15 @@ path expert by expert.
 
 from __future__ import annotations
 
+from enum import Enum
+
 import torch
 from torch import nn
 
 from m3bench.runtime import quant
 from m3bench.runtime.config import Activation, MoeConfig
 from m3bench.runtime.kernels.backend import KernelBackend, use_triton
+from m3bench.runtime.kernels.lanes import SideLane
 from m3bench.runtime.kernels.moe import (
     SKINNY_TOKENS,
     MoeActivation,
@@ -39,6 +44,7 @@ from m3bench.runtime.kernels.moe import (
     SharedExpert,
     fused_moe,
     moe_tiles,
+    sums_with_add,
 )
 from m3bench.runtime.kernels.router import router_align_supported, router_topk, router_topk_align, router_topk_supported
 from m3bench.runtime.layers.activation import split_gate_up
@@ -53,6 +59,17 @@ from m3bench.runtime.parallel import SINGLE, TPGroup
 # benchmarks/decode_step.py --profile) found slower than its own cuBLAS GEMMs: all-local 224.6 us against 191.0
 # (gate+up 76.9 / 70.8 us, down 61.1 / 36.8, the partial-summing activation 27.1), realistic 83.5 / 83.4.
 FUSE_SHARED_FROM_TOKENS = SKINNY_TOKENS + 1
+
+
+class SharedBeside(Enum):
+    """Where a shared expert that runs on its own (below FUSE_SHARED_FROM_TOKENS) goes, on CUDA (kernels/lanes.py)."""
+
+    OFF = "off"  # after the routed experts, on the main stream; its down GEMM adds their sum in its epilogue
+    GATE_UP = "gate-up"  # its gate|up on the side stream beside the router's chain; the down GEMM as OFF (same bits)
+    WHOLE = "whole"  # gate|up and down on the side stream; the routed experts' final sum adds its output (fp32)
+
+
+SHARED_BESIDE = SharedBeside.GATE_UP
 
 
 def route(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, top_k: int,
@@ -106,6 +123,7 @@ class SparseMoe(nn.Module):
         self.fuse_shared_from_tokens = FUSE_SHARED_FROM_TOKENS  # fewer tokens: the shared expert's own GEMMs
         self.fuse_align = True  # <= 16 tokens: the router epilogue also aligns the picks for the fused MoE (one launch)
         self.fuse_router_input = True  # the post-attention add + norm also writes the router's fp32 input (no cast)
+        self.shared_beside = SHARED_BESIDE  # the shared expert (not fused) beside the router: SharedBeside
         self.skinny_rows = SKINNY_ROWS  # the router GEMM at up to this many rows: kernels.skinny (layers.linear)
         inter = m.intermediate_size  # routed experts are whole on their rank (expert parallelism)
         self.first_expert, local = self.ep.expert_range(m.num_experts)
@@ -136,11 +154,13 @@ class SparseMoe(nn.Module):
             y = self.shared_added(x, y)
         return self.tp.all_reduce(y).to(x.dtype)
 
-    def shared_added(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """y + the shared expert of x (the add in its down GEMM's epilogue where that can run it)."""
+    def shared_added(self, x: torch.Tensor, y: torch.Tensor, h: torch.Tensor | None = None) -> torch.Tensor:
+        """y + the shared expert of x (the add in its down GEMM's epilogue where that can run it); h: its gate|up
+        activation when already made (shared_activation)."""
+        h = self.shared.activated(x, self.kernel_backend) if h is None else h
         if y.dtype == x.dtype:
-            return self.shared(x, self.kernel_backend, add=y)
-        return y + self.shared(x, self.kernel_backend).to(y.dtype)
+            return self.shared.down(h, add=y)
+        return y + self.shared.down(h).to(y.dtype)
 
     def align_fusable(self, x: torch.Tensor) -> bool:
         """The router's kernel aligns the picks too: switched on with the fused router, the fused MoE, few tokens."""
@@ -161,14 +181,31 @@ class SparseMoe(nn.Module):
         """route + fused experts (+ the shared expert when fusable) with the alignment made by the router's kernel."""
         shared = self.shared_expert() if self.shared_fusable(x) else None
         tiles = self.expert_tiles(x, shared)
+        beside = self.beside_mode(shared, tiles)
+        with SideLane(x, on=beside is not SharedBeside.OFF) as side:  # beside the router's chain
+            part = (self.shared(x, self.kernel_backend) if beside is SharedBeside.WHOLE
+                    else self.shared.activated(x, self.kernel_backend) if beside is SharedBeside.GATE_UP else None)
         logits = linear(router_logits_input(x, self.router_weight, x_router), self.router_weight, None,
                         skinny_rows=self.skinny_rows)
         w, ids, alignment = router_topk_align(logits, self.router_bias, self.m.top_k, self.m.routed_scaling_factor,
                                               self.first_expert, self.w_down.shape[0], tiles.block_m, shared is not None)
+        if beside is SharedBeside.WHOLE:
+            def joined() -> torch.Tensor:  # right before the routed sum's launch
+                side.join(part)
+                return part
+
+            return self.fused_experts(x, w, ids, shared, alignment, tiles, add=joined)
         y = self.fused_experts(x, w, ids, shared, alignment, tiles)
-        if shared is None and self.shared is not None:
-            y = self.shared_added(x, y)
-        return y
+        side.join(part)
+        return self.shared_added(x, y, part) if shared is None and self.shared is not None else y
+
+    def beside_mode(self, shared: SharedExpert | None, tiles: MoeTiles) -> "SharedBeside":
+        """How much of the shared expert runs beside the router (shared_beside), where it runs on its own."""
+        if shared is not None or self.shared is None:
+            return SharedBeside.OFF
+        if self.shared_beside is SharedBeside.WHOLE and not sums_with_add(self.expert_scales(), self.w_gate_up, tiles):
+            return SharedBeside.GATE_UP
+        return self.shared_beside
 
     def expert_tiles(self, x: torch.Tensor, shared: SharedExpert | None) -> MoeTiles:
         """The fused MoE's tiles for x [T, H] (what fused_moe would pick)."""
@@ -196,13 +233,14 @@ class SparseMoe(nn.Module):
         return self.torch_experts(x, w, ids)
 
     def fused_experts(self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, shared: SharedExpert | None = None,
-                      alignment: MoeAlignment | None = None, tiles: MoeTiles | None = None) -> torch.Tensor:
-        """The fused Triton MoE (fp32 accumulation inside; result in x's dtype), the shared expert in it when given."""
+                      alignment: MoeAlignment | None = None, tiles: MoeTiles | None = None, add=None) -> torch.Tensor:
+        """The fused Triton MoE (fp32 accumulation inside; result in x's dtype), the shared expert in it when given,
+        + add (kernels.moe.fused_moe's) in its final sum."""
         inter = self.w_gate_up.shape[1] // 2
         return fused_moe(x.contiguous(), self.w_gate_up[:, :inter], self.w_gate_up[:, inter:], self.w_down,
                          ids, w, MoeActivation(self.act.value), self.alpha, self.limit,
                          backend=KernelBackend.TRITON, tiles=tiles, scales=self.expert_scales(), shared=shared,
-                         alignment=alignment)
+                         alignment=alignment, add=add)
 
     def expert_scales(self) -> MoeScales | None:
         """The experts' block scales as the fused MoE takes them (None: plain weights)."""

@@ -135,6 +135,7 @@ def record_all(q_lens):
         wd = torch.empty(16, 6144, 3072, dtype=torch.bfloat16)
         ids = torch.randint(0, 16, (n_tok, 4), dtype=torch.int32)
         fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T)
+        fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T, add=xs)  # the shared expert beside
         ws = torch.empty(384, 6144, dtype=torch.bfloat16)  # the shared expert inside (split-K at batch 1)
         fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T,
                   shared=SharedExpert(ws, ws, torch.empty(6144, 384, dtype=torch.bfloat16)))

@@ -168,3 +168,24 @@ def test_shared_align_with_torch_align(monkeypatch):
     assert n == int(nt) == 12  # expert 0: 1 -> 4, 2: 2 -> 4, shared (4): 3 -> 4
     assert ek[: n // 4].tolist() == et[: n // 4].tolist() == [0, 2, 4]
     assert sk[:n].tolist() == st[:n].tolist() == [1, 9, 9, 9, 0, 5, 9, 9, 6, 7, 8, 9]
+
+
+def test_add_joins_the_final_sum_and_a_callable_is_called_once():
+    p = _problem(31)
+    add = torch.randn(p["x"].shape, generator=torch.Generator().manual_seed(3))
+    want = fused_moe_ref(**{k: v.double() if v.is_floating_point() else v for k, v in p.items()},
+                         activation=MoeActivation.SWIGLUOAI) + add.double()
+    calls = []
+
+    def late():
+        calls.append(1)
+        return add
+
+    for given in (add, late):
+        out = fused_moe(**p, backend=KernelBackend.TRITON, tiles=MoeTiles(16, 16, 16), add=given)
+        assert torch.allclose(out.double(), want, atol=1e-4, rtol=1e-4)
+    assert calls == [1]
+    ref = fused_moe(**p, backend=KernelBackend.TORCH, add=add)
+    assert torch.allclose(ref.double(), want, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="add must be"):
+        fused_moe(**p, backend=KernelBackend.TRITON, tiles=MoeTiles(16, 16, 16), add=add[:, :8])
