@@ -69,7 +69,10 @@ class SharedBeside(Enum):
     WHOLE = "whole"  # gate|up and down on the side stream; the routed experts' final sum adds its output (fp32)
 
 
-SHARED_BESIDE = SharedBeside.GATE_UP
+# The default. H200, 60-layer TP8/EP8 rank decode step at 8k (benchmarks/decode_step.py --ops-sets skinny-pdl
+# skinny-pdl-side skinny-pdl-side-whole, 2026-12-04): B1 realistic 4.604 / 4.422 / 4.331 ms, B4 realistic 7.333 /
+# 7.036 / 6.927, B1 all-local 9.817 / 9.518 / 9.533; B16 and B64 unchanged (the shared expert is fused there).
+SHARED_BESIDE = SharedBeside.WHOLE
 
 
 def route(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, top_k: int,
