@@ -193,8 +193,6 @@ class OpsSet(Enum):
     #                                      router (SparseMoe.shared_beside GATE_UP, kernels/lanes.py)
     SKINNY_PDL_SIDE_WHOLE = "skinny-pdl-side-whole"  # ... its gate|up and down there, added in the routed sum (WHOLE,
     #                                                  the runtime's default)
-    SKINNY_PDL_SIDE_WHOLE_L2 = "skinny-pdl-side-whole-l2"  # + L2 prefetch of o_proj's and the next layer's qkv
-    #                                                        weights beside attention / the MLP (set_l2_prefetch)
 
     def holds(self, other: "OpsSet") -> bool:
         order = list(OpsSet)
@@ -206,15 +204,15 @@ def pdl_of(ops: OpsSet):
     from m3bench.runtime.kernels.backend import Pdl
 
     return {OpsSet.SKINNY_PDL: Pdl.ON, OpsSet.SKINNY_PDL_EARLY: Pdl.EARLY, OpsSet.SKINNY_PDL_SIDE: Pdl.ON,
-            OpsSet.SKINNY_PDL_SIDE_WHOLE: Pdl.ON, OpsSet.SKINNY_PDL_SIDE_WHOLE_L2: Pdl.ON}.get(ops, Pdl.OFF)
+            OpsSet.SKINNY_PDL_SIDE_WHOLE: Pdl.ON}.get(ops, Pdl.OFF)
 
 
 def beside_of(ops: OpsSet):
     """Where an ops set runs the shared expert below the fused MoE's threshold (layers.moe.SharedBeside)."""
     from m3bench.runtime.layers.moe import SharedBeside
 
-    return {OpsSet.SKINNY_PDL_SIDE: SharedBeside.GATE_UP, OpsSet.SKINNY_PDL_SIDE_WHOLE: SharedBeside.WHOLE,
-            OpsSet.SKINNY_PDL_SIDE_WHOLE_L2: SharedBeside.WHOLE}.get(ops, SharedBeside.OFF)
+    return {OpsSet.SKINNY_PDL_SIDE: SharedBeside.GATE_UP, OpsSet.SKINNY_PDL_SIDE_WHOLE: SharedBeside.WHOLE}.get(
+        ops, SharedBeside.OFF)
 
 
 @contextmanager
@@ -234,8 +232,7 @@ def pdl_mode(mode=None):
 
 def set_ops(model, ops: OpsSet) -> None:
     """Switch the model's fast path to the fused ops of `ops` (TritonBackend.fuse_ops, SparseMoe's
-    fuse_router / fuse_shared / fuse_align / fuse_router_input / shared_beside, Attention.fuse_branches, the L2
-    prefetches (set_l2_prefetch), GatedMLP.fuse_act,
+    fuse_router / fuse_shared / fuse_align / fuse_router_input / shared_beside, Attention.fuse_branches, GatedMLP.fuse_act,
     the layers' skinny_rows) and the process to its PDL mode (kernels.backend.PDL; pdl_mode() restores it)."""
     from m3bench.runtime.kernels.backend import PDL
     from m3bench.runtime.kernels.skinny import SKINNY_MAX_ROWS
@@ -247,8 +244,6 @@ def set_ops(model, ops: OpsSet) -> None:
     if hasattr(model.backend, "fuse_ops"):
         model.backend.fuse_ops = fused_v1
     set_skinny_rows(model, SKINNY_MAX_ROWS if ops.holds(OpsSet.SKINNY) else 0)
-    if hasattr(model, "set_l2_prefetch"):
-        model.set_l2_prefetch(ops is OpsSet.SKINNY_PDL_SIDE_WHOLE_L2)
     for layer in model.layers:
         layer.attn.fuse_branches = fused
         if hasattr(layer.mlp, "fuse_act"):  # the dense MLP

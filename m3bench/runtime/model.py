@@ -23,8 +23,6 @@ from m3bench.runtime.attention.metadata import AttnMetadata
 from m3bench.runtime.attention.torch_backend import TorchBackend
 from m3bench.runtime.config import MlpKind, ModelConfig
 from m3bench.runtime.errors import CheckpointError
-from m3bench.runtime.kernels.l2_prefetch import PREFETCH_MAX_TOKENS, l2_prefetch
-from m3bench.runtime.kernels.lanes import PREFETCH, SideLane
 from m3bench.runtime.kv_cache import KVCache
 from m3bench.runtime.layers.attention import Attention
 from m3bench.runtime.layers.linear import WeightSlot
@@ -57,8 +55,6 @@ class DecoderLayer(nn.Module):
         else:
             self.mlp = GatedMLP(cfg.hidden_size, cfg.dense_intermediate_size, *act, dtype, device, tp)
         self.mlp_prefix = "moe." if cfg.mlp_kinds[layer] is MlpKind.MOE else "mlp."
-        self.ahead: tuple[DecoderLayer, ...] = ()  # (the next layer,): its qkv + index projection's weights are
-        #                                            pulled into L2 while this layer's MLP runs (set_l2_prefetch)
 
     def forward(self, h: torch.Tensor, cos, sin, meta: AttnMetadata, kv: KVCache, backend) -> torch.Tensor:
         h, delta = self.forward_parts(h, self.input_norm(h), cos, sin, meta, kv, backend)
@@ -72,16 +68,9 @@ class DecoderLayer(nn.Module):
         kb = kernel_backend_of(backend)
         x_router = self.mlp.router_input(a, kb) if isinstance(self.mlp, SparseMoe) else None
         h, y = self.post_attn_norm.add_forward(h, a, kb, x_router)  # residual add + norm fused (+ router input)
-        with SideLane(y, on=bool(self.ahead) and y.shape[0] <= PREFETCH_MAX_TOKENS, lane=PREFETCH) as ahead:
-            if ahead.on:
-                qkv = self.ahead[0].attn.qkv
-                l2_prefetch(qkv.weight, qkv.weight_scale)
         if not isinstance(self.mlp, SparseMoe):
-            out = self.mlp(y, kb)  # the dense MLP's activation follows the fused ops too
-        else:
-            out = self.mlp(y) if x_router is None else self.mlp(y, x_router)
-        ahead.join()
-        return h, out
+            return h, self.mlp(y, kb)  # the dense MLP's activation follows the fused ops too
+        return h, self.mlp(y) if x_router is None else self.mlp(y, x_router)
 
     def slots(self, prefix: str) -> list[WeightSlot]:
         return [WeightSlot(f"{prefix}input_norm.weight", self.input_norm.weight, None),
@@ -125,13 +114,6 @@ class M3ForCausalLM(nn.Module):
             nxt = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.norm
             h, x = nxt.add_forward(h, delta, fused)  # the MLP's residual add fused with the next norm
         return x
-
-    def set_l2_prefetch(self, on: bool) -> None:
-        """At few tokens on CUDA (kernels/l2_prefetch.py), pull o_proj's weights into L2 while attention runs and the
-        next layer's qkv + index projection's while the MLP runs (on: set, off: none)."""
-        for i, layer in enumerate(self.layers):
-            layer.attn.l2_ahead = on
-            layer.ahead = (self.layers[i + 1],) if on and i + 1 < len(self.layers) else ()
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """[T] -> [T, H]; under TP each rank looks up the ids of its vocab rows, zeros elsewhere, then sums."""

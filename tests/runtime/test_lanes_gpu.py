@@ -109,31 +109,3 @@ def test_split_k_gemms_on_both_lanes_at_once_keep_their_counters():
         assert all(torch.equal(a, b) for a, b in zip(got, want))
     for lane in (MAIN, SIDE):
         assert not split_counters(x.device, lane).any()
-
-
-@torch.inference_mode()
-def test_l2_prefetch_on_its_lane_changes_nothing_and_replays():
-    from m3bench.runtime.kernels.l2_prefetch import l2_prefetch
-    from m3bench.runtime.kernels.lanes import PREFETCH
-
-    g = torch.Generator(device="cuda").manual_seed(2)
-    w = (torch.randn(1920, 6144, generator=g, device="cuda") * 0.01).to(torch.bfloat16)
-    odd = torch.randint(0, 255, (3 * 1024 * 1024 + 5,), generator=g, device="cuda", dtype=torch.uint8)
-    keep = (w.clone(), odd.clone())
-    x = torch.randn(1, 6144, generator=g, device="cuda").to(torch.bfloat16)
-    want = skinny_linear(x, w)
-    got = torch.empty_like(want)
-
-    def step():
-        with SideLane(x, lane=PREFETCH) as ahead:
-            l2_prefetch(w, odd[1:], w[7:], None)
-        ahead.join()
-        got.copy_(skinny_linear(x, w))
-
-    graph = _graphed(step)
-    for _ in range(5):
-        got.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(got, want)
-    assert torch.equal(w, keep[0]) and torch.equal(odd, keep[1])

@@ -1,8 +1,6 @@
-"""Lanes of work inside one layer: the main CUDA stream, and side streams beside it (SIDE: compute that does not
-depend on the main chain; PREFETCH: L2 prefetches of weights, kernels/l2_prefetch.py).
+"""Two lanes of work inside one layer: the main CUDA stream and a side stream beside it.
 
     with SideLane(x, on=True) as side:   # side.on: CUDA and asked for; else the body runs inline, in order
-                                         # (SideLane(x, lane=PREFETCH): the prefetch stream)
         h = shared_gate_up(x)            # launched on the side stream, after everything queued on main so far
     ...                                  # main-stream work, concurrent with the side's
     side.join(h)                         # main waits for the side; h may be used on main from here
@@ -19,33 +17,31 @@ from __future__ import annotations
 
 import torch
 
-MAIN, SIDE, PREFETCH = 0, 1, 2
+MAIN, SIDE = 0, 1
 _LANE = {"current": MAIN}
-_STREAMS: dict[tuple[int, int], torch.cuda.Stream] = {}
+_STREAMS: dict[int, torch.cuda.Stream] = {}
 
 
 def current_lane() -> int:
-    """MAIN, or the lane of the SideLane whose body is running on its stream."""
+    """MAIN, or SIDE inside a SideLane that runs on the side stream."""
     return _LANE["current"]
 
 
-def side_stream(device: torch.device, lane: int = SIDE) -> torch.cuda.Stream:
-    """The device's stream of a side lane (one per device and lane, made on first use)."""
+def side_stream(device: torch.device) -> torch.cuda.Stream:
+    """The device's side stream (one per device, made on first use)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    if (index, lane) not in _STREAMS:
-        _STREAMS[index, lane] = torch.cuda.Stream(device=index)
-    return _STREAMS[index, lane]
+    if index not in _STREAMS:
+        _STREAMS[index] = torch.cuda.Stream(device=index)
+    return _STREAMS[index]
 
 
 class SideLane:
-    """A context whose CUDA launches go to a side lane's stream after the main stream's queued work (see module)."""
+    """A context whose CUDA launches go to the side stream after the main stream's queued work (see module)."""
 
-    def __init__(self, like: torch.Tensor, on: bool = True, lane: int = SIDE):
-        if lane == MAIN:
-            raise ValueError("a SideLane runs on a side lane (SIDE, PREFETCH)")
-        self.on, self.lane = bool(on) and like.is_cuda, lane
+    def __init__(self, like: torch.Tensor, on: bool = True):
+        self.on = bool(on) and like.is_cuda
         self.main = torch.cuda.current_stream(like.device) if self.on else None
-        self.side = side_stream(like.device, lane) if self.on else None
+        self.side = side_stream(like.device) if self.on else None
         self._ctx = None
 
     def __enter__(self) -> "SideLane":
@@ -55,7 +51,7 @@ class SideLane:
             self.side.wait_stream(self.main)
             self._ctx = torch.cuda.stream(self.side)
             self._ctx.__enter__()
-            _LANE["current"] = self.lane
+            _LANE["current"] = SIDE
         return self
 
     def __exit__(self, *exc) -> bool:

@@ -22,8 +22,6 @@ from m3bench.runtime.attention import kernel_backend_of
 from m3bench.runtime.attention.metadata import AttnMetadata
 from m3bench.runtime.config import AttnKind, ModelConfig, NormKind
 from m3bench.runtime.kernels.backend import use_triton
-from m3bench.runtime.kernels.l2_prefetch import PREFETCH_MAX_TOKENS, l2_prefetch
-from m3bench.runtime.kernels.lanes import PREFETCH, SideLane
 from m3bench.runtime.kernels.norm_rope import (
     Branch,
     BranchWrite,
@@ -65,7 +63,6 @@ class Attention(nn.Module):
         self.index_k_norm = norm(cfg.msa.index_dim) if self.sparse else None
         self.index_pick: slice | None = None  # replicated index projection: this rank's heads
         self.fuse_branches = True  # fused path, MSA layers: both branches' norm + RoPE + write in one launch
-        self.l2_ahead = False  # CUDA, few tokens: o_proj's weights pulled into L2 while attention runs (l2_prefetch)
 
     def replicate_index_projection(self) -> None:
         """Every index head computed on this rank, the ones of its KV heads kept (call before loading)."""
@@ -83,9 +80,6 @@ class Attention(nn.Module):
                 backend) -> torch.Tensor:
         """x [T, H] (already input-normed) -> [T, H]."""
         y = self.qkv(x)
-        with SideLane(y, on=self.l2_ahead and y.shape[0] <= PREFETCH_MAX_TOKENS, lane=PREFETCH) as ahead:
-            if ahead.on:
-                l2_prefetch(self.o_proj.weight, self.o_proj.weight_scale)
         fused = use_triton(kernel_backend_of(backend), y) and self._fusable(y, cos)
         q, iq = (self._prepare_fused if fused else self._prepare_torch)(y, cos, sin, meta, kv)
         if not self.sparse:
@@ -94,7 +88,6 @@ class Attention(nn.Module):
             if self.index_pick is not None:
                 iq = iq[:, self.index_pick]
             o = backend.msa(self.layer, q, iq, meta, kv, self.scale, self.cfg.msa)
-        ahead.join()
         return self.o_proj(o.reshape(x.shape[0], -1))
 
     def _prepare_torch(self, y, cos, sin, meta: AttnMetadata, kv: KVCache):

@@ -31,7 +31,6 @@ from m3bench.runtime.kernels import (
     backend,
     gated_act_triton,
     kv_write_triton,
-    l2_prefetch_triton,
     moe_quant_triton,
     moe_triton,
     msa_index_triton,
@@ -60,8 +59,7 @@ _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",
 LAUNCHES = []
 SM90_MAX_SMEM = 232448  # bytes of shared memory one H100/H200 block may use
 KERNEL_MODULES = (attention_triton, msa_index_triton, moe_triton, kv_write_triton, mxfp8_triton, router_triton,
-                  add_norm_triton, norm_rope_triton, mx_tiles_triton, moe_quant_triton, gated_act_triton, skinny_triton,
-                  l2_prefetch_triton)
+                  add_norm_triton, norm_rope_triton, mx_tiles_triton, moe_quant_triton, gated_act_triton, skinny_triton)
 
 
 class Recorder:
@@ -145,19 +143,6 @@ def record_all(q_lens):
     record_mxfp8(T)
     record_fused(caches, x[:, 0])
     record_skinny()
-    record_l2_prefetch()
-
-
-def record_l2_prefetch():
-    """The prefetch of a qkv + index weight (its device check waived, as on an H200)."""
-    from m3bench.runtime.kernels import l2_prefetch as l2
-
-    supported = l2.l2_prefetch_supported
-    l2.l2_prefetch_supported = lambda t: True
-    try:
-        l2.l2_prefetch(torch.empty(1920, 6144, dtype=torch.bfloat16))
-    finally:
-        l2.l2_prefetch_supported = supported
 
 
 def record_skinny():
