@@ -40,6 +40,10 @@ TILE_BY_PROGRAMS = {False: ((16, 128), (4, 64)), True: ((64, 128), (32, 64))}  #
 #   before splitting: fewer programs split the keys over more segments, and shorter steps win there. Measured on
 #   the H200 (performance.md 2d): whole pages 0.78-0.92x the 64-key step's time from 16 programs (dense) / 64
 #   (MSA), 32 keys 0.9-0.97x at 1 program; 32 keys otherwise
+FEW_PROGRAMS = 4  # at most this many programs before splitting (decode at batch 1-4 with one KV head a rank):
+FEW_TILE = {False: 64, True: 128}  # keys a step (dense | sparse), and one step a segment. H200, 8k, FP8 KV
+#   (benchmarks/attn_segments.py, performance.md 2f), us with the merge: MSA B1 9.20 (32 keys x 16 segments, 4 steps
+#   each) -> 6.51, B4 9.41 -> 6.87; dense B1 10.43 (32 x 64) -> 7.02, B4 13.79 (64 x 32) -> 12.03
 
 
 @dataclass(frozen=True)
@@ -98,17 +102,24 @@ def plan_attention(q, k_cache, block_tables, max_query_len, selected_blocks, num
         max_iters = math.ceil(block_tables.shape[1] * page / tile)
     if num_segments is None:
         programs = n_req * n_qblk * hkv
-        num_segments = min(MAX_SEGMENTS, max(1, target_programs(q) // programs),
-                           max(1, max_iters // MIN_TILES_PER_SEGMENT))
+        steps = 1 if few_programs(block_m, programs) else MIN_TILES_PER_SEGMENT
+        num_segments = min(MAX_SEGMENTS, max(1, target_programs(q) // programs), max(1, max_iters // steps))
     return AttnLaunch(block_m, block_q, n_qblk, tile, prev_pow2(num_segments))
 
 
 def default_tile(page: int, block_m: int, programs: int, sparse: bool) -> int:
-    """Keys a program steps over at once (TILE_BY_PROGRAMS), at most a page."""
+    """Keys a program steps over at once (FEW_TILE for few programs, else TILE_BY_PROGRAMS), at most a page."""
     if block_m > WHOLE_PAGE_ROWS:
         return min(page, 64)
+    if few_programs(block_m, programs):
+        return min(page, FEW_TILE[sparse])
     keys = next((k for at_least, k in TILE_BY_PROGRAMS[sparse] if programs >= at_least), 32)
     return min(page, keys)
+
+
+def few_programs(block_m: int, programs: int) -> bool:
+    """So few programs before splitting that each segment takes one key step (FEW_PROGRAMS)."""
+    return block_m <= WHOLE_PAGE_ROWS and programs <= FEW_PROGRAMS
 
 
 def _launch_attention(q, k_cache, v_cache, block_tables, seq_lens, qsl, scale, sel, out, launch):

@@ -120,9 +120,25 @@ def test_steps_of_32_64_and_128_keys_at_page_128(fmt, tile):
 
 
 @pytest.mark.parametrize(("block_m", "programs", "sparse", "want"), [
-    (16, 1, False, 32), (16, 4, False, 64), (16, 16, False, 128), (32, 64, False, 128), (64, 64, False, 64),
+    (16, 1, False, 64), (16, 4, False, 64), (16, 8, False, 64), (16, 16, False, 128), (32, 64, False, 128),
+    (64, 64, False, 64), (64, 1, False, 64), (16, 1, True, 128), (16, 4, True, 128), (16, 8, True, 32),
     (16, 16, True, 32), (16, 32, True, 64), (16, 64, True, 128),
 ])
 def test_key_step_rule(block_m, programs, sparse, want):
     assert default_tile(128, block_m, programs, sparse) == want
     assert default_tile(16, block_m, programs, sparse) == 16  # never more than a page
+
+
+@pytest.mark.parametrize(("batch", "sparse", "tile", "segments"), [
+    (1, True, 128, 8), (4, True, 128, 2), (1, False, 64, 8), (16, True, 32, 1)])
+def test_few_programs_take_one_key_step_a_segment(batch, sparse, tile, segments):
+    """Batch 1-4 at one KV head: whole pages (MSA) / 64 keys (dense), as many segments as key steps (up to the
+    target's programs: 8 on CPU)."""
+    from m3bench.runtime.kernels.attention import plan_attention
+
+    q = torch.zeros(batch, 8, 128)
+    cache = torch.zeros(64, 1, 128, 128)
+    tables = torch.zeros(batch, 16, dtype=torch.int32)
+    sel = torch.zeros(batch, 1, 16, dtype=torch.int32) if sparse else None
+    launch = plan_attention(q, cache, tables, 1, sel, None, None)
+    assert (launch.tile, launch.n_seg) == (tile, segments)
