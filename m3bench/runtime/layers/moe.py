@@ -160,10 +160,10 @@ class SparseMoe(nn.Module):
     def shared_added(self, x: torch.Tensor, y: torch.Tensor, h: torch.Tensor | None = None) -> torch.Tensor:
         """y + the shared expert of x (the add in its down GEMM's epilogue where that can run it); h: its gate|up
         activation when already made (shared_activation)."""
-        h = self.shared.activated(x, self.kernel_backend) if h is None else h
-        if y.dtype == x.dtype:
-            return self.shared.down(h, add=y)
-        return y + self.shared.down(h).to(y.dtype)
+        if h is None:  # the whole shared expert here
+            return (self.shared(x, self.kernel_backend, add=y) if y.dtype == x.dtype
+                    else y + self.shared(x, self.kernel_backend).to(y.dtype))
+        return self.shared.down(h, add=y) if y.dtype == x.dtype else y + self.shared.down(h).to(y.dtype)
 
     def align_fusable(self, x: torch.Tensor) -> bool:
         """The router's kernel aligns the picks too: switched on with the fused router, the fused MoE, few tokens."""
