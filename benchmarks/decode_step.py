@@ -7,6 +7,7 @@ the bytes floor of docs/performance.md, with transformers on the same GPU as the
     python benchmarks/decode_step.py --profile       # kernels per layer (torch profiler), B = 1 and 64
     python benchmarks/decode_step.py --check-only --pdl on   # the checks with every Triton kernel launched with PDL
     python benchmarks/decode_step.py --ops-sets skinny skinny-pdl skinny-pdl-early   # PDL off / on / early trigger
+    python benchmarks/decode_step.py --batches 1 --draws 4   # B1 realistic as the mean of 4 routing draws
 
 The rank (decode_floor.RANK, rank 0 of 8, run alone: collectives skipped, SoloRank): the full
 model's config (64 query heads, 4 KV heads, 4 index heads, 128 experts, vocab 200064) sharded by the
@@ -20,7 +21,9 @@ largest batch x context (60 at contexts up to 8k in 120 GB).
 Two routings per configuration, side by side: `realistic` (the dummy router as drawn: about
 4 x 16/128 = 0.5 local picks per token; the table reports what the step produced) and `all-local`
 (the rank's experts biased up so every pick is local: the worst case, the rows of the earlier
-runs). Each row's floor counts the distinct local experts that routing actually read.
+runs). Each row's floor counts the distinct local experts that routing actually read. At batch 1 one draw's local
+picks vary (0.39-0.58 a token over 57 layers seen on the H200, ~25 us a local pick): `--draws N` times the
+realistic rows over N input-token draws and reports their mean (and each).
 
 One decode step = the model forward of B tokens (one per sequence, each at position ctx) plus the
 logits of the rank's vocab slice; the token ids come from the rank's own vocabulary slice (a token
@@ -101,6 +104,7 @@ class Plan:
     baseline_shapes: M3Shapes = M3Shapes()  # transformers' M3: world-1 per-GPU shapes
     routings: tuple[Routing, ...] = (Routing.REALISTIC, Routing.ALL_LOCAL)
     ops_sets: tuple[str, ...] = (OpsSet.SKINNY.value,)  # OpsSet values timed side by side (--ops-sets)
+    draws: int = 1  # realistic rows: the mean over this many routing draws (other input tokens each; --draws)
 
 
 def build_rank(plan: Plan, dev: torch.device):
@@ -146,31 +150,60 @@ def _m3_steps(plan: Plan, dev: torch.device) -> list[dict]:
     return rows
 
 
+def draw_ids(vocab: int, B: int, ctx: int, draw: int) -> torch.Tensor:
+    """The step's input tokens for routing draw `draw` (draw 0: the benchmark's tokens before draws existed)."""
+    return torch.randint(0, vocab, (B,), generator=torch.Generator().manual_seed(B + ctx + 7919 * draw))
+
+
 @torch.inference_mode()
 def _one_config(plan: Plan, model, kv, B: int, ctx: int, routing: Routing, dev: torch.device) -> dict:
+    """One row; realistic routing with plan.draws > 1: the mean over the draws (each draw's figures in 'draws')."""
     s = plan.shapes
     meta = decode_meta(s, B, ctx, dev)
-    ids = torch.randint(0, s.vocab, (B,), generator=torch.Generator().manual_seed(B + ctx)).to(dev)
+    ids = draw_ids(s.vocab, B, ctx, 0).to(dev)
     out = torch.empty(B, s.vocab, dtype=torch.float32, device=dev)
 
     def step():
         out.copy_(model.compute_logits(model(ids, meta.positions, meta, kv)))
 
-    stats = routing_stats(model, step)  # one eager step: the routing every replay repeats
     run, graph = graphed(step, dev)
-    ms = median_ms(run, dev, plan.warmup, plan.repeats)
-    f = floor_of(s, plan.layers, B, ctx, list(stats.experts_read))
-    return {"batch": B, "context": ctx, "routing": routing.value, "cuda_graph": graph, "step_ms": ms,
-            "floor_ms": f.ms, "achieved_over_floor": f.ms / ms, "us_per_layer": ms / plan.layers * 1e3,
-            "local_picks_per_token": stats.local_picks_per_token, "experts_per_layer": stats.experts_per_layer,
-            "weights_gb": f.weights_bytes / GB, "kv_gb": f.kv_bytes / GB, "index_gb": f.index_bytes / GB,
-            "tokens_per_s": B / ms * 1e3, "finite": bool(torch.isfinite(out).all())}
+    draws = []
+    for d in range(plan.draws if routing is Routing.REALISTIC else 1):
+        ids.copy_(draw_ids(s.vocab, B, ctx, d))  # the captured graph reads ids: replays take the new tokens
+        stats = routing_stats(model, step)  # one eager step: the routing every replay repeats
+        ms = median_ms(run, dev, plan.warmup, plan.repeats)
+        draws.append((ms, floor_of(s, plan.layers, B, ctx, list(stats.experts_read)), stats))
+    return {"batch": B, "context": ctx, "routing": routing.value, "cuda_graph": graph,
+            **_mean_of_draws(draws, plan.layers, B), "finite": bool(torch.isfinite(out).all())}
+
+
+def _mean_of_draws(draws: list, layers: int, B: int) -> dict:
+    """Step time, floor and routing figures averaged over the draws; 'draws' lists each when there are several."""
+    n = len(draws)
+    ms, floor_ms = sum(d[0] for d in draws) / n, sum(d[1].ms for d in draws) / n
+    mean = lambda get: sum(get(d) for d in draws) / n  # noqa: E731
+    row = {"step_ms": ms, "floor_ms": floor_ms, "achieved_over_floor": floor_ms / ms, "us_per_layer": ms / layers * 1e3,
+           "local_picks_per_token": mean(lambda d: d[2].local_picks_per_token),
+           "experts_per_layer": mean(lambda d: d[2].experts_per_layer),
+           "weights_gb": mean(lambda d: d[1].weights_bytes) / GB, "kv_gb": draws[0][1].kv_bytes / GB,
+           "index_gb": draws[0][1].index_bytes / GB, "tokens_per_s": B / ms * 1e3}
+    if n > 1:
+        row["draws"] = [{"step_ms": d[0], "floor_ms": d[1].ms, "local_picks_per_token": d[2].local_picks_per_token}
+                        for d in draws]
+    return row
 
 
 def _row_line(r: dict) -> str:
-    return (f"  B={r['batch']:<3} ctx={r['context']:<6} {r['routing']:<9} {r['ops']:<16} step {r['step_ms']:8.3f} ms  floor "
-            f"{r['floor_ms']:7.3f} ms  of floor {r['achieved_over_floor']:6.1%}  local picks/token "
+    draws = r.get("draws", ())
+    line = (f"  B={r['batch']:<3} ctx={r['context']:<6} {r['routing']:<9} {r['ops']:<16} step {r['step_ms']:8.3f} ms  "
+            f"floor {r['floor_ms']:7.3f} ms  of floor {r['achieved_over_floor']:6.1%}  local picks/token "
             f"{r['local_picks_per_token']:.2f}{'' if r['cuda_graph'] else '  (no graph)'}")
+    if draws:
+        line += f"  (mean of {len(draws)} draws)"
+    for i, d in enumerate(draws):
+        line += (f"\n    draw {i}: step {d['step_ms']:8.3f} ms  floor {d['floor_ms']:7.3f} ms  local picks/token "
+                 f"{d['local_picks_per_token']:.2f}")
+    return line
 
 
 # ---- baselines --------------------------------------------------------------------------------------
@@ -276,7 +309,7 @@ def _hf_m3_case(model, s: M3Shapes, B: int, ctx: int, steps: int, dev: torch.dev
 
 def make_plan(args, on_gpu: bool) -> Plan:
     ops = (OpsSet.UNFUSED.value,) if args.unfused else tuple(args.ops_sets or (OpsSet.SKINNY.value,))
-    return replace(_base_plan(args), ops_sets=ops)
+    return replace(_base_plan(args), ops_sets=ops, draws=args.draws)
 
 
 def _base_plan(args) -> Plan:
@@ -402,6 +435,8 @@ def parse_args(argv: list[str] | None):
     ap.add_argument("--pdl", choices=["off", "on", "early"], default=None,
                     help="programmatic dependent launch of the Triton kernels for the checks and baselines "
                          "(kernels.backend.Pdl; default: the runtime's); the timed ops sets choose their own")
+    ap.add_argument("--draws", type=int, default=1,
+                    help="realistic rows: the mean over N routing draws (other input tokens each), each draw listed")
     ap.add_argument("--skip-checks", action="store_true")
     ap.add_argument("--skip-baselines", action="store_true")
     return ap.parse_args(argv)

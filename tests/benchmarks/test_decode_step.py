@@ -254,3 +254,20 @@ def test_cpu_smoke_times_pdl_sets_and_checks_under_the_chosen_mode(ds, tmp_path,
     res = json.loads((tmp_path / "decode_step.json").read_text())
     assert res["pdl"] == "early" and [r["ops"] for r in res["m3"]] == ["skinny", "skinny-pdl"] * 2
     assert ds.parse_args(["--pdl", "on"]).pdl == "on" and ds.parse_args([]).pdl is None
+
+
+def test_cpu_smoke_realistic_rows_average_their_routing_draws(ds, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("OUT", str(tmp_path))
+    argv = ["--cpu-smoke", "--skip-baselines", "--skip-checks", "--batches", "1", "--contexts", "20", "--draws", "3"]
+    assert ds.main(argv) == 0
+    rows = {r["routing"]: r for r in json.loads((tmp_path / "decode_step.json").read_text())["m3"]}
+    real, local = rows["realistic"], rows["all-local"]
+    assert "draws" not in local and len(real["draws"]) == 3
+    mean = lambda key: sum(d[key] for d in real["draws"]) / 3  # noqa: E731
+    assert real["step_ms"] == pytest.approx(mean("step_ms")) and real["floor_ms"] == pytest.approx(mean("floor_ms"))
+    assert real["local_picks_per_token"] == pytest.approx(mean("local_picks_per_token"))
+    assert real["achieved_over_floor"] == pytest.approx(real["floor_ms"] / real["step_ms"])
+    assert "(mean of 3 draws)" in capsys.readouterr().out
+    before = torch.randint(0, 1000, (4,), generator=torch.Generator().manual_seed(4 + 20))  # the tokens before draws
+    assert torch.equal(ds.draw_ids(1000, 4, 20, 0), before)
+    assert not torch.equal(ds.draw_ids(1000, 4, 20, 0), ds.draw_ids(1000, 4, 20, 1))
