@@ -15,7 +15,7 @@ experts plain too) adds the shared expert as one more expert every token picks w
 same launches; batches of at most SKINNY_TOKENS tokens then split the gate+up reduction (split-K,
 `MoeTiles.split_k`) so the few weight rows a skinny batch reads spread over the whole GPU.
 `add` ([T, H] in x's dtype, or a callable giving it) joins the final sum (fp32) where the first-generation
-kernels run (`sums_with_add`): a callable is called right before the sum's launch, so a caller can join a
+kernels run (plain experts, or MoeTiles given; the tile-dequantizing ones refuse it): a callable is called right before the sum's launch, so a caller can join a
 side stream (kernels/lanes.py) that made it while the experts ran.
 """
 
@@ -183,7 +183,7 @@ def fused_moe(
         from m3bench.runtime.kernels.moe_quant import fused_moe_quant
 
         if add is not None:
-            raise ValueError("fused_moe: add needs the first-generation kernels (sums_with_add)")
+            raise ValueError("fused_moe: add needs the first-generation kernels (MoeTiles)")
         return fused_moe_quant(x, w_gate, w_up, w_down, topk_ids, topk_weights, activation, alpha, limit, out,
                                scales, tiles)
     n_tok, top_k = topk_ids.shape
@@ -210,13 +210,6 @@ def first_generation(scales: MoeScales, w_gate: torch.Tensor) -> bool:
     """Quantized experts without given tiles run the first-generation kernels (kernels/moe_triton.py): the
     generation picked for their format, or block-major weights (only those kernels read them)."""
     return moe_generation(scales.gate_global is not None) is QuantKernels.V1 or w_gate.dim() == 4
-
-
-def sums_with_add(scales: MoeScales | None, w_gate: torch.Tensor, tiles=None) -> bool:
-    """Whether fused_moe with these weights (and tiles) ends in moe_sum_kernel, which takes `add`."""
-    if tiles is not None:
-        return isinstance(tiles, MoeTiles)
-    return scales is None or first_generation(scales, w_gate)
 
 
 def _addend(add) -> torch.Tensor | None:

@@ -44,7 +44,6 @@ from m3bench.runtime.kernels.moe import (
     SharedExpert,
     fused_moe,
     moe_tiles,
-    sums_with_add,
 )
 from m3bench.runtime.kernels.router import router_align_supported, router_topk, router_topk_align, router_topk_supported
 from m3bench.runtime.layers.activation import split_gate_up
@@ -159,7 +158,7 @@ class SparseMoe(nn.Module):
 
     def shared_added(self, x: torch.Tensor, y: torch.Tensor, h: torch.Tensor | None = None) -> torch.Tensor:
         """y + the shared expert of x (the add in its down GEMM's epilogue where that can run it); h: its gate|up
-        activation when already made (shared_activation)."""
+        activation when already made beside the router (routed_and_aligned, SharedBeside.GATE_UP)."""
         if h is None:  # the whole shared expert here
             return (self.shared(x, self.kernel_backend, add=y) if y.dtype == x.dtype
                     else y + self.shared(x, self.kernel_backend).to(y.dtype))
@@ -184,7 +183,7 @@ class SparseMoe(nn.Module):
         """route + fused experts (+ the shared expert when fusable) with the alignment made by the router's kernel."""
         shared = self.shared_expert() if self.shared_fusable(x) else None
         tiles = self.expert_tiles(x, shared)
-        beside = self.beside_mode(shared, tiles)
+        beside = SharedBeside.OFF if shared is not None or self.shared is None else self.shared_beside
         with SideLane(x, on=beside is not SharedBeside.OFF) as side:  # beside the router's chain
             part = (self.shared(x, self.kernel_backend) if beside is SharedBeside.WHOLE
                     else self.shared.activated(x, self.kernel_backend) if beside is SharedBeside.GATE_UP else None)
@@ -201,14 +200,6 @@ class SparseMoe(nn.Module):
         y = self.fused_experts(x, w, ids, shared, alignment, tiles)
         side.join(part)
         return self.shared_added(x, y, part) if shared is None and self.shared is not None else y
-
-    def beside_mode(self, shared: SharedExpert | None, tiles: MoeTiles) -> "SharedBeside":
-        """How much of the shared expert runs beside the router (shared_beside), where it runs on its own."""
-        if shared is not None or self.shared is None:
-            return SharedBeside.OFF
-        if self.shared_beside is SharedBeside.WHOLE and not sums_with_add(self.expert_scales(), self.w_gate_up, tiles):
-            return SharedBeside.GATE_UP
-        return self.shared_beside
 
     def expert_tiles(self, x: torch.Tensor, shared: SharedExpert | None) -> MoeTiles:
         """The fused MoE's tiles for x [T, H] (what fused_moe would pick)."""
