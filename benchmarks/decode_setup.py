@@ -193,6 +193,8 @@ class OpsSet(Enum):
     #                                      router (SparseMoe.shared_beside GATE_UP, kernels/lanes.py)
     SKINNY_PDL_SIDE_WHOLE = "skinny-pdl-side-whole"  # ... its gate|up and down there, added in the routed sum (WHOLE,
     #                                                  the runtime's default)
+    HEADS = "skinny-pdl-side-whole-heads"  # + the q|k|v(|index) GEMM ending in its heads' norm / RoPE / cache write
+    #                                        (Attention.fuse_qkv_heads, kernels/skinny_heads.py; off by default)
 
     def holds(self, other: "OpsSet") -> bool:
         order = list(OpsSet)
@@ -204,14 +206,15 @@ def pdl_of(ops: OpsSet):
     from m3bench.runtime.kernels.backend import Pdl
 
     return {OpsSet.SKINNY_PDL: Pdl.ON, OpsSet.SKINNY_PDL_EARLY: Pdl.EARLY, OpsSet.SKINNY_PDL_SIDE: Pdl.ON,
-            OpsSet.SKINNY_PDL_SIDE_WHOLE: Pdl.ON}.get(ops, Pdl.OFF)
+            OpsSet.SKINNY_PDL_SIDE_WHOLE: Pdl.ON, OpsSet.HEADS: Pdl.ON}.get(ops, Pdl.OFF)
 
 
 def beside_of(ops: OpsSet):
     """Where an ops set runs the shared expert below the fused MoE's threshold (layers.moe.SharedBeside)."""
     from m3bench.runtime.layers.moe import SharedBeside
 
-    return {OpsSet.SKINNY_PDL_SIDE: SharedBeside.GATE_UP, OpsSet.SKINNY_PDL_SIDE_WHOLE: SharedBeside.WHOLE}.get(
+    return {OpsSet.SKINNY_PDL_SIDE: SharedBeside.GATE_UP, OpsSet.SKINNY_PDL_SIDE_WHOLE: SharedBeside.WHOLE,
+            OpsSet.HEADS: SharedBeside.WHOLE}.get(
         ops, SharedBeside.OFF)
 
 
@@ -232,7 +235,8 @@ def pdl_mode(mode=None):
 
 def set_ops(model, ops: OpsSet) -> None:
     """Switch the model's fast path to the fused ops of `ops` (TritonBackend.fuse_ops, SparseMoe's
-    fuse_router / fuse_shared / fuse_align / fuse_router_input / shared_beside, Attention.fuse_branches, GatedMLP.fuse_act,
+    fuse_router / fuse_shared / fuse_align / fuse_router_input / shared_beside, Attention.fuse_branches /
+    fuse_qkv_heads, GatedMLP.fuse_act,
     the layers' skinny_rows) and the process to its PDL mode (kernels.backend.PDL; pdl_mode() restores it)."""
     from m3bench.runtime.kernels.backend import PDL
     from m3bench.runtime.kernels.skinny import SKINNY_MAX_ROWS
@@ -246,6 +250,7 @@ def set_ops(model, ops: OpsSet) -> None:
     set_skinny_rows(model, SKINNY_MAX_ROWS if ops.holds(OpsSet.SKINNY) else 0)
     for layer in model.layers:
         layer.attn.fuse_branches = fused
+        layer.attn.fuse_qkv_heads = ops is OpsSet.HEADS
         if hasattr(layer.mlp, "fuse_act"):  # the dense MLP
             layer.mlp.fuse_act = fused
         if isinstance(layer.mlp, SparseMoe):

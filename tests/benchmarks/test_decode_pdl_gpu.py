@@ -4,7 +4,8 @@ every replay repeats the first (a race between overlapping kernels shows as a re
 output is poisoned before each replay). The same with the shared expert's gate|up on a side stream beside the
 router (SparseMoe.shared_beside GATE_UP, batches of at most 4): the same kernels on the same inputs, run
 concurrently. The whole shared expert beside (WHOLE) adds it in the routed sum, another rounding: its replays repeat
-its first, which is within bf16 noise of PDL off's.
+its first, which is within bf16 noise of PDL off's; so do those of HEADS (WHOLE + the q|k|v GEMM ending in its
+heads' norm / RoPE / cache writes, kernels.skinny_heads, at up to 4 rows: one-head output tiles, another split).
 
 Every kernel of the step is deterministic (split K and split KV meet in a fixed order) and PDL adds only the wait
 and the trigger to each kernel, so the three modes agree to the bit. Cases: bf16 weights with FP8 and hybrid
@@ -26,6 +27,7 @@ REPLAYS = 3
 # decode_setup.OpsSet: PDL off, on, early trigger; on with the shared expert's gate|up on the side stream
 OPS = ("skinny", "skinny-pdl", "skinny-pdl-early", "skinny-pdl-side")
 WHOLE = "skinny-pdl-side-whole"  # the whole shared expert beside: its own rounding, so its replays repeat its first
+HEADS = "skinny-pdl-side-whole-heads"  # + the q|k|v GEMM ending in its heads' norm / RoPE / writes (other tiles)
 
 
 @pytest.fixture(scope="module")
@@ -115,11 +117,11 @@ def _mismatches(runs: dict[str, list[torch.Tensor]], case: str, want: torch.Tens
     return bad
 
 
-def _close(got: torch.Tensor, want: torch.Tensor, case: str) -> list[str]:
+def _close(got: torch.Tensor, want: torch.Tensor, case: str, ops: str = WHOLE) -> list[str]:
     """Logits of another rounding order (the shared expert added in fp32 to the routed sum, not in its down GEMM's
-    epilogue): within bf16 noise of the step's logits' scale."""
+    epilogue; the q|k|v GEMM in one-head tiles): within bf16 noise of the step's logits' scale."""
     rel = float((got - want).abs().max() / want.abs().max())
-    return [] if rel < 3e-2 else [f"{case} {WHOLE}: relative max |diff| {rel:.3e} against PDL off"]
+    return [] if rel < 3e-2 else [f"{case} {ops}: relative max |diff| {rel:.3e} against PDL off"]
 
 
 @pytest.mark.parametrize("weights, kv_dtype", [("plain", "fp8"), ("plain", "hybrid"), ("mxfp8", "fp8"),
@@ -140,6 +142,9 @@ def test_pdl_modes_give_identical_decode_steps(bench, weights, kv_dtype):
             whole = _replays(setup, model, kv, s, batch, WHOLE)
             bad += _mismatches({WHOLE: whole}, case, whole[0])
             bad += _close(whole[0], runs["skinny"][0], case)
+            heads = _replays(setup, model, kv, s, batch, HEADS)
+            bad += _mismatches({HEADS: heads}, case, heads[0])
+            bad += _close(heads[0], runs["skinny"][0], case, HEADS)
     for lane in (MAIN, SIDE):
         assert not split_counters(torch.device("cuda"), lane).any(), f"lane {lane}'s split-K counters left non-zero"
     assert not bad, "\n".join(bad)

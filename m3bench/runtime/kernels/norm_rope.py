@@ -83,28 +83,53 @@ def norm_rope_write_pair(y: torch.Tensor, main: BranchWrite, index: BranchWrite,
 def _launch(y, writes: tuple[BranchWrite, ...], eps, gemma, cos, sin, slot_mapping) -> tuple[torch.Tensor, ...]:
     from m3bench.runtime.kernels.norm_rope_triton import norm_rope_write_kernel
 
-    half = cos.shape[-1]
-    for w in writes:
-        if not norm_rope_supported(y, w.branch.d, half) or y.stride(-1) != 1:
-            raise ValueError(f"norm_rope_write needs a [T, N] {DTYPES} row-contiguous input and a power-of-two "
-                             f"head dim >= 16 with rotary <= head dim; got {tuple(y.shape)} {y.dtype}, "
-                             f"d={w.branch.d}")
-    args = [_branch_args(y, w) for w in writes]
-    outs = tuple(a[0] for a in args)
-    first, second = args[0], args[-1]
-    n_tok, b, b2 = y.shape[0], writes[0].branch, writes[-1].branch
-    cos, sin = cos.float().contiguous(), sin.float().contiguous()
-    heads = sum(w.branch.hq + w.branch.hk + w.branch.hv for w in writes)
-    if n_tok:
-        norm_rope_write_kernel[(n_tok, heads)](
-            y, cos, sin, slot_mapping, float(eps), y.stride(0), cos.stride(0), *first, *second,
-            HQ=b.hq, HK=b.hk, HV=b.hv, D=b.d, NORM=writes[0].q_weight is not None,
-            HQ2=b2.hq, HK2=b2.hk, D2=b2.d, NORM2=writes[-1].q_weight is not None,
-            HALF=half, PAGE=writes[0].k_cache.shape[-2], GEMMA=gemma, ROPE=half > 0,
-            FMT=FMT_CODE[kq.kv_format_of(writes[0].k_cache)], TWO=len(writes) == 2,
-            num_warps=1 if max(b.d, b2.d) <= 128 else 2, **pdl_args(y),
+    heads = HeadRows.of(y, writes, cos, sin)
+    if y.shape[0]:
+        norm_rope_write_kernel[(y.shape[0], heads.count)](
+            y, heads.cos, heads.sin, slot_mapping, float(eps), y.stride(0), heads.cos.stride(0), *heads.args,
+            **heads.meta(gemma), num_warps=1 if heads.d_max <= 128 else 2, **pdl_args(y),
         )
-    return outs
+    return heads.outs
+
+
+@dataclass(frozen=True)
+class HeadRows:
+    """The head rows of one or two branches as norm_rope_triton.head_row takes them: the query outputs, the
+    branches' arguments in its order, its constexprs (`meta`) and cos / sin made fp32 and contiguous."""
+
+    writes: tuple[BranchWrite, ...]
+    outs: tuple[torch.Tensor, ...]
+    args: tuple
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    @classmethod
+    def of(cls, y: torch.Tensor, writes: tuple[BranchWrite, ...], cos: torch.Tensor, sin: torch.Tensor) -> "HeadRows":
+        half = cos.shape[-1]
+        for w in writes:
+            if not norm_rope_supported(y, w.branch.d, half) or y.stride(-1) != 1:
+                raise ValueError(f"norm_rope_write needs a [T, N] {DTYPES} row-contiguous input and a power-of-two "
+                                 f"head dim >= 16 with rotary <= head dim; got {tuple(y.shape)} {y.dtype}, "
+                                 f"d={w.branch.d}")
+        per_branch = [_branch_args(y, w) for w in writes]
+        args = (*per_branch[0], *per_branch[-1])
+        return cls(writes, tuple(a[0] for a in per_branch), args, cos.float().contiguous(), sin.float().contiguous())
+
+    @property
+    def count(self) -> int:
+        return sum(w.branch.hq + w.branch.hk + w.branch.hv for w in self.writes)
+
+    @property
+    def d_max(self) -> int:
+        return max(w.branch.d for w in self.writes)
+
+    def meta(self, gemma: bool) -> dict:
+        b, b2 = self.writes[0].branch, self.writes[-1].branch
+        return dict(HQ=b.hq, HK=b.hk, HV=b.hv, D=b.d, NORM=self.writes[0].q_weight is not None,
+                    HQ2=b2.hq, HK2=b2.hk, D2=b2.d, NORM2=self.writes[-1].q_weight is not None,
+                    HALF=self.cos.shape[-1], PAGE=self.writes[0].k_cache.shape[-2], GEMMA=gemma,
+                    ROPE=self.cos.shape[-1] > 0, FMT=FMT_CODE[kq.kv_format_of(self.writes[0].k_cache)],
+                    TWO=len(self.writes) == 2)
 
 
 def _branch_args(y: torch.Tensor, w: BranchWrite) -> tuple:

@@ -88,8 +88,8 @@ def _branch_program(
 
 
 @triton.jit
-def norm_rope_write_kernel(
-    y_ptr, cos_ptr, sin_ptr, slot_ptr, eps, s_yt, s_ct,
+def head_row(
+    t, j, y_row, cos_row, sin_row, slot_ptr, eps,
     q_ptr, qw_ptr, kw_ptr, k_ptr, ks_ptr, kgs_ptr, v_ptr, vs_ptr, vgs_ptr, q_col, k_col, v_col, s_qt, s_qh,
     s_kp, s_kh, s_kt, s_ksp, s_ksh, s_kst, s_vp, s_vh, s_vt, s_vsp, s_vsh, s_vst,
     q2_ptr, qw2_ptr, kw2_ptr, k2_ptr, ks2_ptr, kgs2_ptr, v2_ptr, vs2_ptr, vgs2_ptr, q2_col, k2_col, v2_col,
@@ -97,16 +97,10 @@ def norm_rope_write_kernel(
     HQ: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, D: tl.constexpr, NORM: tl.constexpr,
     HQ2: tl.constexpr, HK2: tl.constexpr, D2: tl.constexpr, NORM2: tl.constexpr,
     HALF: tl.constexpr, PAGE: tl.constexpr, GEMMA: tl.constexpr, ROPE: tl.constexpr, FMT: tl.constexpr,
-    TWO: tl.constexpr, PDL: tl.constexpr,
+    TWO: tl.constexpr,
 ):
-    """Grid (T, HQ + HK + HV [+ HQ2 + HK2 + HV2 with TWO]): the first branch's head rows, then (TWO)
-    the second's (the index branch of an MSA layer: its cache in the same format), one launch."""
-    pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
-    t = tl.program_id(0).to(tl.int64)
-    j = tl.program_id(1)
-    y_row = y_ptr + t * s_yt
-    cos_row = cos_ptr + t * s_ct
-    sin_row = sin_ptr + t * s_ct
+    """Head row j of token t (y_row its projection row): the first branch's HQ + HK + HV rows, then (TWO) the
+    second's (norm_rope_write_kernel's program (t, j); also the qkv GEMM's tail, skinny_heads_triton)."""
     if TWO:
         if j >= HQ + HK + HV:
             _branch_program(t, j - (HQ + HK + HV), y_row, cos_row, sin_row, slot_ptr, eps,
@@ -124,3 +118,27 @@ def norm_rope_write_kernel(
                         q_ptr, qw_ptr, kw_ptr, k_ptr, ks_ptr, kgs_ptr, v_ptr, vs_ptr, vgs_ptr,
                         q_col, k_col, v_col, s_qt, s_qh, s_kp, s_kh, s_kt, s_ksp, s_ksh, s_kst,
                         s_vp, s_vh, s_vt, s_vsp, s_vsh, s_vst, HQ, HK, D, HALF, PAGE, NORM, GEMMA, ROPE, FMT)
+
+
+@triton.jit
+def norm_rope_write_kernel(
+    y_ptr, cos_ptr, sin_ptr, slot_ptr, eps, s_yt, s_ct,
+    q_ptr, qw_ptr, kw_ptr, k_ptr, ks_ptr, kgs_ptr, v_ptr, vs_ptr, vgs_ptr, q_col, k_col, v_col, s_qt, s_qh,
+    s_kp, s_kh, s_kt, s_ksp, s_ksh, s_kst, s_vp, s_vh, s_vt, s_vsp, s_vsh, s_vst,
+    q2_ptr, qw2_ptr, kw2_ptr, k2_ptr, ks2_ptr, kgs2_ptr, v2_ptr, vs2_ptr, vgs2_ptr, q2_col, k2_col, v2_col,
+    s_q2t, s_q2h, s_k2p, s_k2h, s_k2t, s_ks2p, s_ks2h, s_ks2t, s_v2p, s_v2h, s_v2t, s_vs2p, s_vs2h, s_vs2t,
+    HQ: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, D: tl.constexpr, NORM: tl.constexpr,
+    HQ2: tl.constexpr, HK2: tl.constexpr, D2: tl.constexpr, NORM2: tl.constexpr,
+    HALF: tl.constexpr, PAGE: tl.constexpr, GEMMA: tl.constexpr, ROPE: tl.constexpr, FMT: tl.constexpr,
+    TWO: tl.constexpr, PDL: tl.constexpr,
+):
+    """Grid (T, HQ + HK + HV [+ HQ2 + HK2 + HV2 with TWO]): the first branch's head rows, then (TWO)
+    the second's (the index branch of an MSA layer: its cache in the same format), one launch."""
+    pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
+    t = tl.program_id(0).to(tl.int64)
+    head_row(t, tl.program_id(1), y_ptr + t * s_yt, cos_ptr + t * s_ct, sin_ptr + t * s_ct, slot_ptr, eps,
+             q_ptr, qw_ptr, kw_ptr, k_ptr, ks_ptr, kgs_ptr, v_ptr, vs_ptr, vgs_ptr, q_col, k_col, v_col, s_qt, s_qh,
+             s_kp, s_kh, s_kt, s_ksp, s_ksh, s_kst, s_vp, s_vh, s_vt, s_vsp, s_vsh, s_vst,
+             q2_ptr, qw2_ptr, kw2_ptr, k2_ptr, ks2_ptr, kgs2_ptr, v2_ptr, vs2_ptr, vgs2_ptr, q2_col, k2_col, v2_col,
+             s_q2t, s_q2h, s_k2p, s_k2h, s_k2t, s_ks2p, s_ks2h, s_ks2t, s_v2p, s_v2h, s_v2t, s_vs2p, s_vs2h, s_vs2t,
+             HQ, HK, HV, D, NORM, HQ2, HK2, D2, NORM2, HALF, PAGE, GEMMA, ROPE, FMT, TWO)

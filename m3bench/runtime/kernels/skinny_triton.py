@@ -34,6 +34,22 @@ def skinny_dot_kernel(
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     m = tl.arange(0, BLOCK_M)
     n_ok, m_ok = n < N, m < M
+    acc, acc_u = skinny_acc(x_ptr, w_ptr, s_xm, s_wn, n, m, n_ok, m_ok, N, K, K_SPLIT, BLOCK_N, BLOCK_M, BLOCK_K,
+                            F32, EVEN, GATED)
+    if GATED:
+        _finish_gated(tl.trans(acc), tl.trans(acc_u), m, n, m_ok, n_ok, y_ptr, s_ym, part_ptr, cnt_ptr, M, N,
+                      alpha, limit, SPLIT, ACT)
+    else:
+        finish_tile(tl.trans(acc), m, n, m_ok, n_ok, y_ptr, s_ym, b_ptr, s_bm, part_ptr, cnt_ptr, tl.program_id(0),
+                    M, N, SPLIT, HAS_BIAS)
+
+
+@triton.jit
+def skinny_acc(x_ptr, w_ptr, s_xm, s_wn, n, m, n_ok, m_ok, N, K: tl.constexpr, K_SPLIT: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, F32: tl.constexpr,
+               EVEN: tl.constexpr, GATED: tl.constexpr):
+    """This program's split (program_id(1)) of W[n] @ x[m]^T as fp32 [BLOCK_N, BLOCK_M] (GATED: and of the up rows
+    n + N, else zeros)."""
     acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
     acc_u = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
     w_rows = w_ptr + n.to(tl.int64) * s_wn
@@ -46,12 +62,7 @@ def skinny_dot_kernel(
         acc = dot_acc(_tile(w_rows, kk, n_ok, K, EVEN), x, acc, F32)
         if GATED:
             acc_u = dot_acc(_tile(u_rows, kk, n_ok, K, EVEN), x, acc_u, F32)
-    if GATED:
-        _finish_gated(tl.trans(acc), tl.trans(acc_u), m, n, m_ok, n_ok, y_ptr, s_ym, part_ptr, cnt_ptr, M, N,
-                      alpha, limit, SPLIT, ACT)
-    else:
-        finish_tile(tl.trans(acc), m, n, m_ok, n_ok, y_ptr, s_ym, b_ptr, s_bm, part_ptr, cnt_ptr, tl.program_id(0),
-                    M, N, SPLIT, HAS_BIAS)
+    return acc, acc_u
 
 
 @triton.jit

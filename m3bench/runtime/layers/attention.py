@@ -5,7 +5,8 @@ At TP, q/k/v heads and index heads split over the world (index head h serves KV 
 fewer KV heads than ranks each KV head (and its index head) is duplicated on world / Hkv ranks, as
 TensorRT-LLM runs M3 at TP8; the single index key head is replicated; o_proj is row-parallel with
 one all-reduce. On the Triton backend each branch's per-head norms, RoPE and KV write run as one
-kernel (kernels.norm_rope); the torch path is the reference. `replicate_index_projection()` makes a
+kernel (kernels.norm_rope); with `fuse_qkv_heads` (off by default) the projection at up to 4 rows ends in them,
+one launch for both (kernels.skinny_heads); the torch path is the reference. `replicate_index_projection()` makes a
 rank compute every index head (as a deployment with a replicated index projection does) and keep
 the heads serving its KV heads.
 """
@@ -29,8 +30,9 @@ from m3bench.runtime.kernels.norm_rope import (
     norm_rope_write,
     norm_rope_write_pair,
 )
+from m3bench.runtime.kernels.skinny_heads import skinny_heads, skinny_heads_supported
 from m3bench.runtime.kv_cache import KVCache
-from m3bench.runtime.layers.linear import ColumnParallelLinear, RowParallelLinear, Segment, WeightSlot
+from m3bench.runtime.layers.linear import ColumnParallelLinear, RowParallelLinear, Segment, WeightSlot, skinny_runs
 from m3bench.runtime.layers.norm import RMSNorm
 from m3bench.runtime.layers.rotary import apply_rope
 from m3bench.runtime.parallel import SINGLE, TPGroup
@@ -63,6 +65,7 @@ class Attention(nn.Module):
         self.index_k_norm = norm(cfg.msa.index_dim) if self.sparse else None
         self.index_pick: slice | None = None  # replicated index projection: this rank's heads
         self.fuse_branches = True  # fused path, MSA layers: both branches' norm + RoPE + write in one launch
+        self.fuse_qkv_heads = False  # fused path at skinny rows: the projection ends in those (kernels.skinny_heads)
 
     def replicate_index_projection(self) -> None:
         """Every index head computed on this rank, the ones of its KV heads kept (call before loading)."""
@@ -79,9 +82,13 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttnMetadata, kv: KVCache,
                 backend) -> torch.Tensor:
         """x [T, H] (already input-normed) -> [T, H]."""
-        y = self.qkv(x)
-        fused = use_triton(kernel_backend_of(backend), y) and self._fusable(y, cos)
-        q, iq = (self._prepare_fused if fused else self._prepare_torch)(y, cos, sin, meta, kv)
+        fused = use_triton(kernel_backend_of(backend), x) and self._fusable(x, cos)
+        writes = self._heads_writes(x, kv) if fused and self.fuse_qkv_heads else None
+        if writes is not None:
+            q, iq = self._project_heads(x, writes, cos, sin, meta)
+        else:
+            y = self.qkv(x)
+            q, iq = (self._prepare_fused if fused else self._prepare_torch)(y, cos, sin, meta, kv)
         if not self.sparse:
             o = backend.dense(self.layer, q, meta, kv, self.scale)
         else:
@@ -110,25 +117,47 @@ class Attention(nn.Module):
         return norm_rope_supported(y, self.head_dim, half) and (
             not self.sparse or norm_rope_supported(y, self.cfg.msa.index_dim, half))
 
-    def _prepare_fused(self, y, cos, sin, meta: AttnMetadata, kv: KVCache):
-        """As _prepare_torch, one Triton launch per branch, or one for both (fuse_branches: kernels.norm_rope)."""
+    def _branch_writes(self, kv: KVCache) -> tuple[BranchWrite, ...]:
+        """Where the heads of each branch sit in the projection's output, their norms and caches (main, index)."""
         sizes, d = self.qkv.local_sizes, self.head_dim
         at = list(accumulate((0, *sizes)))
         k, v, ik = kv.pages(self.layer)
-        gemma, eps = self.cfg.norm is NormKind.GEMMA, self.cfg.rms_norm_eps
         weight = lambda norm: None if norm is None else norm.weight  # noqa: E731
-        write = lambda w: norm_rope_write(y, w.branch, w.q_weight, w.k_weight, eps, gemma, cos, sin,  # noqa: E731
-                                          meta.slot_mapping, w.k_cache, w.v_cache)
         main = BranchWrite(Branch(at[0], at[1], at[2], sizes[0] // d, sizes[1] // d, sizes[2] // d, d),
                            weight(self.q_norm), weight(self.k_norm), k, v)
         if not self.sparse:
-            return write(main), None
+            return (main,)
         di = self.cfg.msa.index_dim
-        index = BranchWrite(Branch(at[3], at[4], 0, sizes[3] // di, 1, 0, di), self.index_q_norm.weight,
-                            self.index_k_norm.weight, ik)
+        return main, BranchWrite(Branch(at[3], at[4], 0, sizes[3] // di, 1, 0, di), self.index_q_norm.weight,
+                                 self.index_k_norm.weight, ik)
+
+    def _prepare_fused(self, y, cos, sin, meta: AttnMetadata, kv: KVCache):
+        """As _prepare_torch, one Triton launch per branch, or one for both (fuse_branches: kernels.norm_rope)."""
+        gemma, eps = self.cfg.norm is NormKind.GEMMA, self.cfg.rms_norm_eps
+        write = lambda w: norm_rope_write(y, w.branch, w.q_weight, w.k_weight, eps, gemma, cos, sin,  # noqa: E731
+                                          meta.slot_mapping, w.k_cache, w.v_cache)
+        writes = self._branch_writes(kv)
+        if not self.sparse:
+            return write(writes[0]), None
         if self.fuse_branches:
-            return norm_rope_write_pair(y, main, index, eps, gemma, cos, sin, meta.slot_mapping)
-        return write(main), write(index)
+            return norm_rope_write_pair(y, *writes, eps, gemma, cos, sin, meta.slot_mapping)
+        return write(writes[0]), write(writes[1])
+
+    def _heads_writes(self, x: torch.Tensor, kv: KVCache) -> tuple[BranchWrite, ...] | None:
+        """The branches' writes where the projection can end in them this call (kernels.skinny_heads: few rows on
+        CUDA, plain weights, one head width, one cache format for both branches); else None."""
+        w, writes = self.qkv.weight, self._branch_writes(kv)
+        if (self.qkv.weight_scale is None and skinny_runs(x, w, self.qkv.skinny_rows)
+                and skinny_heads_supported(x, w, writes, self.qkv.skinny_rows)):
+            return writes
+        return None
+
+    def _project_heads(self, x, writes: tuple[BranchWrite, ...], cos, sin, meta: AttnMetadata):
+        """q and iq (None on dense layers) from one launch: the projection, then its heads normed, rotated, written."""
+        gemma, eps = self.cfg.norm is NormKind.GEMMA, self.cfg.rms_norm_eps
+        _, outs = skinny_heads(x.contiguous(), self.qkv.weight, self.qkv.bias, writes, eps, gemma, cos, sin,
+                               meta.slot_mapping)
+        return outs[0], (outs[1] if self.sparse else None)
 
     @staticmethod
     def _norm_rope(x: torch.Tensor, norm: RMSNorm | None, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

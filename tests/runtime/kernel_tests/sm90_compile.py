@@ -38,6 +38,7 @@ from m3bench.runtime.kernels import (
     mxfp8_triton,
     norm_rope_triton,
     router_triton,
+    skinny_heads_triton,
     skinny_triton,
 )
 from m3bench.runtime.kernels import kv_quant as kq
@@ -59,7 +60,8 @@ _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",
 LAUNCHES = []
 SM90_MAX_SMEM = 232448  # bytes of shared memory one H100/H200 block may use
 KERNEL_MODULES = (attention_triton, msa_index_triton, moe_triton, kv_write_triton, mxfp8_triton, router_triton,
-                  add_norm_triton, norm_rope_triton, mx_tiles_triton, moe_quant_triton, gated_act_triton, skinny_triton)
+                  add_norm_triton, norm_rope_triton, mx_tiles_triton, moe_quant_triton, gated_act_triton, skinny_triton,
+                  skinny_heads_triton)
 
 
 class Recorder:
@@ -231,6 +233,25 @@ def record_fused(caches, x3):
         norm_rope_write(y, Branch(10 * d, 14 * d, 0, 4, 1, 0, d), w, w, 1e-6, True, cos, sin, slots, ik)
         norm_rope_write_pair(y, BranchWrite(Branch(0, 8 * d, 9 * d, 8, 1, 1, d), w, w, cache, cache),
                              BranchWrite(Branch(10 * d, 14 * d, 0, 4, 1, 0, d), w, w, ik), 1e-6, True, cos, sin, slots)
+    record_skinny_heads(caches, index_caches, cos, sin, w)
+
+
+def record_skinny_heads(caches, index_caches, cos, sin, w):
+    """The projection ending in its heads' norm / RoPE / writes at one rank's shapes: an MSA layer's q|k|v|index
+    q|index k (1920 x 6144) and a dense layer's q|k|v (1280 x 6144), 1 and 4 rows, every cache format."""
+    from m3bench.runtime.kernels.skinny_heads import skinny_heads
+
+    d = 128
+    main = Branch(0, 8 * d, 9 * d, 8, 1, 1, d)
+    for rows in (1, 4):
+        x, slots = torch.randn(rows, 6144).to(torch.bfloat16), torch.arange(rows)
+        c, s = cos[:1].expand(rows, -1), sin[:1].expand(rows, -1)
+        for cache, ik in zip(caches.values(), index_caches):
+            skinny_heads(x, torch.empty(15 * d, 6144, dtype=torch.bfloat16), None,
+                         (BranchWrite(main, w, w, cache, cache), BranchWrite(Branch(10 * d, 14 * d, 0, 4, 1, 0, d), w,
+                                                                             w, ik)), 1e-6, True, c, s, slots)
+            skinny_heads(x, torch.empty(10 * d, 6144, dtype=torch.bfloat16), None,
+                         (BranchWrite(main, w, w, cache, cache),), 1e-6, True, c, s, slots)
 
 
 PDL_MODES = (backend.Pdl.OFF, backend.Pdl.ON, backend.Pdl.EARLY)
