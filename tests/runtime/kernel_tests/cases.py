@@ -59,3 +59,27 @@ def make_case(seed, q_lens, seq_lens, hq=4, hkv=2, d=32, page=16, hi=None, di=32
         query_start_loc=qsl,
         n_tokens=n_tok,
     )
+
+
+def poisoned_pages(fmt: kq.KVFormat, shape: tuple[int, ...], g: torch.Generator, dtype=torch.bfloat16,
+                   device: str | torch.device = "cpu") -> kq.PagedTensor:
+    """A cache of `fmt` full of garbage (x 9), so a row a kernel should not write shows as changed if it does."""
+    raw = torch.randn(shape, generator=g, device=device) * 9
+    if fmt is kq.KVFormat.FP8:
+        return kq.quantize_fp8(raw)
+    if fmt is kq.KVFormat.NVFP4:
+        gs = torch.tensor([0.05], device=device)
+        return kq.Nvfp4Pages(*kq.quantize_nvfp4(raw, gs), gs)
+    return raw.to(dtype)
+
+
+def clone_pages(c: kq.PagedTensor) -> kq.PagedTensor:
+    if isinstance(c, kq.Nvfp4Pages):
+        return kq.Nvfp4Pages(c.data.clone(), c.scales.clone(), c.global_scale)
+    return c.clone()
+
+
+def same_pages(a: kq.PagedTensor, b: kq.PagedTensor) -> bool:
+    """The two caches hold the same bytes (codes and scales)."""
+    parts = lambda c: (c.data, c.scales) if isinstance(c, kq.Nvfp4Pages) else (c,)  # noqa: E731
+    return all(torch.equal(x, y) for x, y in zip(parts(a), parts(b)))

@@ -12,21 +12,9 @@ from m3bench.runtime.kernels.norm_rope import Branch, norm_rope_write
 from m3bench.runtime.layers.norm import rms_norm
 from m3bench.runtime.layers.rotary import RotaryEmbedding, apply_rope
 
+from .cases import clone_pages, poisoned_pages
+
 PAGES, PAGE = 5, 16
-
-
-def _cache(fmt, shape, dtype, g):
-    raw = torch.randn(shape, generator=g) * 9  # poison: garbage where nothing is written
-    if fmt is kq.KVFormat.FP8:
-        return kq.quantize_fp8(raw)
-    if fmt is kq.KVFormat.NVFP4:
-        gs = torch.tensor([0.05])
-        return kq.Nvfp4Pages(*kq.quantize_nvfp4(raw, gs), gs)
-    return raw.to(dtype)
-
-
-def _clone(c):
-    return kq.Nvfp4Pages(c.data.clone(), c.scales.clone(), c.global_scale) if isinstance(c, kq.Nvfp4Pages) else c.clone()
 
 
 def _rows(c, slots):
@@ -87,8 +75,8 @@ def test_norm_rope_write_matches_torch(triton_interpreter, fmt, dtype, kind, rot
     slots = torch.randperm(PAGES * PAGE, generator=g)[:n_tok]
     slots[2] = -1  # a padding token: nothing written
     shape = (PAGES, PAGE, d) if index else (PAGES, b.hk, PAGE, d)
-    k_ref, v_ref = _cache(fmt, shape, dtype, g), _cache(fmt, shape, dtype, g)
-    k_got, v_got = _clone(k_ref), _clone(v_ref)
+    k_ref, v_ref = poisoned_pages(fmt, shape, g, dtype), poisoned_pages(fmt, shape, g, dtype)
+    k_got, v_got = clone_pages(k_ref), clone_pages(v_ref)
     keep = slots >= 0
     want = _ref(y[keep], b, qw, kw, kind, cos[keep], sin[keep], slots[keep], k_ref, v_ref)
     q_out = torch.full((n_tok, b.hq, d), float("nan"), dtype=dtype)
@@ -120,9 +108,9 @@ def test_both_branches_in_one_launch_equal_two_launches(triton_interpreter, fmt)
     w = [(torch.randn(d, generator=g) * 0.3).to(dtype) for _ in range(4)]
     cos, sin = RotaryEmbedding(16, 1e4, None, "cpu").cos_sin(torch.randint(0, 99, (n_tok,), generator=g))
     slots = torch.tensor([3, 17, -1, 40, 77])  # one padding token
-    caches = [_cache(fmt, (PAGES, 1, PAGE, d), dtype, g), _cache(fmt, (PAGES, 1, PAGE, d), dtype, g),
-              _cache(fmt, (PAGES, PAGE, d), dtype, g)]
-    one, two = [_clone(c) for c in caches], [_clone(c) for c in caches]
+    shapes = ((PAGES, 1, PAGE, d), (PAGES, 1, PAGE, d), (PAGES, PAGE, d))
+    caches = [poisoned_pages(fmt, shape, g, dtype) for shape in shapes]
+    one, two = [clone_pages(c) for c in caches], [clone_pages(c) for c in caches]
     q, iq = norm_rope_write_pair(y, BranchWrite(main, w[0], w[1], one[0], one[1]), BranchWrite(index, w[2], w[3], one[2]),
                                  1e-6, True, cos, sin, slots)
     want_q = norm_rope_write(y, main, w[0], w[1], 1e-6, True, cos, sin, slots, two[0], two[1])

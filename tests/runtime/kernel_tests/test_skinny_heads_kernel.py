@@ -13,28 +13,10 @@ from m3bench.runtime.kernels.skinny import skinny_linear
 from m3bench.runtime.kernels.skinny_heads import heads_layout_ok, heads_tiles, skinny_heads, skinny_heads_supported
 from m3bench.runtime.layers.rotary import RotaryEmbedding
 
+from .cases import clone_pages, poisoned_pages, same_pages
+
 pytestmark = pytest.mark.usefixtures("triton_interpreter")
 PAGES, PAGE, D = 4, 16, 32
-
-
-def _cache(fmt, shape, g):
-    raw = torch.randn(shape, generator=g) * 9  # poison: garbage where nothing is written
-    if fmt is kq.KVFormat.FP8:
-        return kq.quantize_fp8(raw)
-    if fmt is kq.KVFormat.NVFP4:
-        gs = torch.tensor([0.05])
-        return kq.Nvfp4Pages(*kq.quantize_nvfp4(raw, gs), gs)
-    return raw.to(torch.bfloat16)
-
-
-def _clone(c):
-    if isinstance(c, kq.Nvfp4Pages):
-        return kq.Nvfp4Pages(c.data.clone(), c.scales.clone(), c.global_scale)
-    return c.clone()
-
-
-def _raw(c):
-    return (c.data, c.scales) if isinstance(c, kq.Nvfp4Pages) else (c,)
 
 
 def _writes(caches, weights, sparse: bool, hq: int = 3, hi: int = 2):
@@ -52,7 +34,7 @@ def _setup(fmt, sparse, m, seed, hq=3, hi=2):
     x = torch.randn(m, k, generator=g).to(torch.bfloat16)
     w = (torch.randn(n, k, generator=g) * k ** -0.5).to(torch.bfloat16)
     weights = [(torch.randn(D, generator=g) * 0.2).to(torch.bfloat16) for _ in range(4)]
-    caches = [_cache(fmt, shape, g) for shape in ((PAGES, 1, PAGE, D), (PAGES, 1, PAGE, D), (PAGES, PAGE, D))]
+    caches = [poisoned_pages(fmt, shape, g) for shape in ((PAGES, 1, PAGE, D), (PAGES, 1, PAGE, D), (PAGES, PAGE, D))]
     cos, sin = RotaryEmbedding(16, 1e4, None, "cpu").cos_sin(torch.randint(0, 500, (m,), generator=g))
     slots = torch.randperm(PAGES * PAGE, generator=g)[:m]
     if m > 2:
@@ -75,7 +57,7 @@ def test_skinny_heads_equals_the_two_launches(fmt, sparse, m, split, bias):
     x, w, weights, caches, cos, sin, slots, b = _setup(fmt, sparse, m, seed=m * 31 + split + len(fmt.value))
     b = b if bias else None
     tiles = MxTiles(MxKernel.DOT, 16, D, 32, split_k=split, num_warps=4, num_stages=2)
-    ours, theirs = [_clone(c) for c in caches], [_clone(c) for c in caches]
+    ours, theirs = [clone_pages(c) for c in caches], [clone_pages(c) for c in caches]
     y, outs = skinny_heads(x, w, b, _writes(ours, weights, sparse), 1e-6, True, cos, sin, slots, tiles=tiles)
     assert not split_counters(x.device).any()
     y_ref = skinny_linear(x, w, b, tiles=tiles)
@@ -90,8 +72,7 @@ def test_skinny_heads_equals_the_two_launches(fmt, sparse, m, split, bias):
     fp64 = torch.nn.functional.linear(x.double(), w.double(), None if b is None else b.double())
     assert (y.double() - fp64).abs().max() <= 1e-2 * fp64.abs().max()
     assert len(outs) == len(outs_ref) and all(torch.equal(a, r) for a, r in zip(outs, outs_ref))
-    for a, r in zip(ours, theirs):
-        assert all(torch.equal(pa, pr) for pa, pr in zip(_raw(a), _raw(r)))
+    assert all(same_pages(a, r) for a, r in zip(ours, theirs))
     if m > 2:  # the padding row's slot untouched: caches differ from the poison only at the live slots
         touched = (kq.dequantize_pages(ours[0], torch.float32) != kq.dequantize_pages(caches[0], torch.float32))
         assert touched.any(-1).sum() == (slots >= 0).sum()

@@ -15,30 +15,15 @@ from m3bench.runtime.kernels.norm_rope import Branch, BranchWrite, norm_rope_wri
 from m3bench.runtime.kernels.skinny import skinny_linear
 from m3bench.runtime.kernels.skinny_heads import heads_tiles, skinny_heads
 
+from .cases import clone_pages, poisoned_pages, same_pages
+
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 D, PAGES, PAGE = 128, 40, 128
 
 
 def _caches(fmt, g):
-    def one(shape):
-        raw = torch.randn(shape, device="cuda", generator=g) * 3
-        if fmt is kq.KVFormat.FP8:
-            return kq.quantize_fp8(raw)
-        if fmt is kq.KVFormat.NVFP4:
-            gs = torch.tensor([0.05], device="cuda")
-            return kq.Nvfp4Pages(*kq.quantize_nvfp4(raw, gs), gs)
-        return raw.to(torch.bfloat16)
-    return [one((PAGES, 1, PAGE, D)), one((PAGES, 1, PAGE, D)), one((PAGES, PAGE, D))]
-
-
-def _clone(c):
-    if isinstance(c, kq.Nvfp4Pages):
-        return kq.Nvfp4Pages(c.data.clone(), c.scales.clone(), c.global_scale)
-    return c.clone()
-
-
-def _raw(c):
-    return (c.data, c.scales) if isinstance(c, kq.Nvfp4Pages) else (c,)
+    return [poisoned_pages(fmt, shape, g, device="cuda") for shape in ((PAGES, 1, PAGE, D), (PAGES, 1, PAGE, D),
+                                                                        (PAGES, PAGE, D))]
 
 
 def _writes(caches, w):
@@ -61,7 +46,7 @@ def _inputs(rows, fmt, seed):
 def test_equal_to_the_two_launches_at_rank_shapes(fmt, rows):
     x, wq, norms, cos, sin, slots, caches = _inputs(rows, fmt, rows * 3 + len(fmt.value))
     tiles = heads_tiles(rows, wq.shape[0], 6144, D, torch.cuda.get_device_properties(0).multi_processor_count)
-    ours, theirs = [_clone(c) for c in caches], [_clone(c) for c in caches]
+    ours, theirs = [clone_pages(c) for c in caches], [clone_pages(c) for c in caches]
     y, outs = skinny_heads(x, wq, None, _writes(ours, norms), 1e-6, True, cos, sin, slots)
     y_ref = skinny_linear(x, wq, tiles=tiles)
     outs_ref = norm_rope_write_pair(y_ref, *_writes(theirs, norms), 1e-6, True, cos, sin, slots)
@@ -69,8 +54,7 @@ def test_equal_to_the_two_launches_at_rank_shapes(fmt, rows):
     assert torch.equal(y, y_ref)
     assert (y.float() - x.float() @ wq.float().T).abs().max() <= 1e-2 * y_ref.float().abs().max()
     assert all(torch.equal(a, b) for a, b in zip(outs, outs_ref))
-    for a, b in zip(ours, theirs):
-        assert all(torch.equal(pa, pb) for pa, pb in zip(_raw(a), _raw(b)))
+    assert all(same_pages(a, b) for a, b in zip(ours, theirs))
     assert not split_counters(x.device).any()
 
 
