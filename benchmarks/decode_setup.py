@@ -195,6 +195,10 @@ class OpsSet(Enum):
     #                                                  the runtime's default)
     HEADS = "skinny-pdl-side-whole-heads"  # + the q|k|v(|index) GEMM ending in its heads' norm / RoPE / cache write
     #                                        (Attention.fuse_qkv_heads, kernels/skinny_heads.py; off by default)
+    INDEX = "skinny-pdl-side-whole-index"  # skinny-pdl-side-whole + the MSA index branch (its GEMM, norm / RoPE /
+    #                                        write, block scores, top-k) on a side lane beside q|k|v (Attention.
+    #                                        index_beside, up to 4 rows; off by default)
+    HEADS_INDEX = "skinny-pdl-side-whole-heads-index"  # both: each lane's GEMM ending in its heads
 
     def holds(self, other: "OpsSet") -> bool:
         order = list(OpsSet)
@@ -206,7 +210,8 @@ def pdl_of(ops: OpsSet):
     from m3bench.runtime.kernels.backend import Pdl
 
     return {OpsSet.SKINNY_PDL: Pdl.ON, OpsSet.SKINNY_PDL_EARLY: Pdl.EARLY, OpsSet.SKINNY_PDL_SIDE: Pdl.ON,
-            OpsSet.SKINNY_PDL_SIDE_WHOLE: Pdl.ON, OpsSet.HEADS: Pdl.ON}.get(ops, Pdl.OFF)
+            OpsSet.SKINNY_PDL_SIDE_WHOLE: Pdl.ON, OpsSet.HEADS: Pdl.ON, OpsSet.INDEX: Pdl.ON,
+            OpsSet.HEADS_INDEX: Pdl.ON}.get(ops, Pdl.OFF)
 
 
 def beside_of(ops: OpsSet):
@@ -214,7 +219,8 @@ def beside_of(ops: OpsSet):
     from m3bench.runtime.layers.moe import SharedBeside
 
     return {OpsSet.SKINNY_PDL_SIDE: SharedBeside.GATE_UP, OpsSet.SKINNY_PDL_SIDE_WHOLE: SharedBeside.WHOLE,
-            OpsSet.HEADS: SharedBeside.WHOLE}.get(
+            OpsSet.HEADS: SharedBeside.WHOLE, OpsSet.INDEX: SharedBeside.WHOLE,
+            OpsSet.HEADS_INDEX: SharedBeside.WHOLE}.get(
         ops, SharedBeside.OFF)
 
 
@@ -236,7 +242,7 @@ def pdl_mode(mode=None):
 def set_ops(model, ops: OpsSet) -> None:
     """Switch the model's fast path to the fused ops of `ops` (TritonBackend.fuse_ops, SparseMoe's
     fuse_router / fuse_shared / fuse_align / fuse_router_input / shared_beside, Attention.fuse_branches /
-    fuse_qkv_heads, GatedMLP.fuse_act,
+    fuse_qkv_heads / index_beside, GatedMLP.fuse_act,
     the layers' skinny_rows) and the process to its PDL mode (kernels.backend.PDL; pdl_mode() restores it)."""
     from m3bench.runtime.kernels.backend import PDL
     from m3bench.runtime.kernels.skinny import SKINNY_MAX_ROWS
@@ -250,7 +256,8 @@ def set_ops(model, ops: OpsSet) -> None:
     set_skinny_rows(model, SKINNY_MAX_ROWS if ops.holds(OpsSet.SKINNY) else 0)
     for layer in model.layers:
         layer.attn.fuse_branches = fused
-        layer.attn.fuse_qkv_heads = ops is OpsSet.HEADS
+        layer.attn.fuse_qkv_heads = ops in (OpsSet.HEADS, OpsSet.HEADS_INDEX)
+        layer.attn.index_beside = ops in (OpsSet.INDEX, OpsSet.HEADS_INDEX)
         if hasattr(layer.mlp, "fuse_act"):  # the dense MLP
             layer.mlp.fuse_act = fused
         if isinstance(layer.mlp, SparseMoe):

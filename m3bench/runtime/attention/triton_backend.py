@@ -55,9 +55,19 @@ class TritonBackend:
 
     def msa(self, layer: int, q: torch.Tensor, iq: torch.Tensor, meta: AttnMetadata, kv: KVCache,
             scale: float, m: MsaConfig) -> torch.Tensor:
+        return self.msa_attend(layer, q, self.msa_select(layer, iq, meta, kv, m), meta, kv, scale)
+
+    def msa_select(self, layer: int, iq: torch.Tensor, meta: AttnMetadata, kv: KVCache, m: MsaConfig) -> torch.Tensor:
+        """The MSA layer's selected blocks [T, Hkv, topk] from its index queries and index-key cache (msa's first
+        half: a caller may run it beside the query projection, layers.attention's index_beside)."""
         check_msa_layout(m, kv.page_size)
-        k, v, ik = kv.pages(layer)
-        sel = self.select(iq, ik, meta, m, hkv=k.shape[1])
+        k, _, ik = kv.pages(layer)
+        return self.select(iq, ik, meta, m, hkv=k.shape[1])
+
+    def msa_attend(self, layer: int, q: torch.Tensor, sel: torch.Tensor, meta: AttnMetadata, kv: KVCache,
+                   scale: float) -> torch.Tensor:
+        """Paged attention over the selected blocks (msa's second half)."""
+        k, v, _ = kv.pages(layer)
         return paged_attention(q, k, v, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale,
                                selected_blocks=sel, max_query_len=max_query_len(meta),
                                backend=self.kernel_backend)

@@ -6,7 +6,9 @@ fewer KV heads than ranks each KV head (and its index head) is duplicated on wor
 TensorRT-LLM runs M3 at TP8; the single index key head is replicated; o_proj is row-parallel with
 one all-reduce. On the Triton backend each branch's per-head norms, RoPE and KV write run as one
 kernel (kernels.norm_rope); with `fuse_qkv_heads` (off by default) the projection at up to 4 rows ends in them,
-one launch for both (kernels.skinny_heads); the torch path is the reference. `replicate_index_projection()` makes a
+one launch for both (kernels.skinny_heads); with `index_beside` (off by default) an MSA layer at up to 4 rows runs
+its index branch (projection, norm / RoPE / write, block selection) on a side lane beside q|k|v (kernels.lanes);
+the torch path is the reference. `replicate_index_projection()` makes a
 rank compute every index head (as a deployment with a replicated index projection does) and keep
 the heads serving its KV heads.
 """
@@ -23,6 +25,7 @@ from m3bench.runtime.attention import kernel_backend_of
 from m3bench.runtime.attention.metadata import AttnMetadata
 from m3bench.runtime.config import AttnKind, ModelConfig, NormKind
 from m3bench.runtime.kernels.backend import use_triton
+from m3bench.runtime.kernels.lanes import SideLane
 from m3bench.runtime.kernels.norm_rope import (
     Branch,
     BranchWrite,
@@ -32,10 +35,19 @@ from m3bench.runtime.kernels.norm_rope import (
 )
 from m3bench.runtime.kernels.skinny_heads import skinny_heads, skinny_heads_supported
 from m3bench.runtime.kv_cache import KVCache
-from m3bench.runtime.layers.linear import ColumnParallelLinear, RowParallelLinear, Segment, WeightSlot, skinny_runs
+from m3bench.runtime.layers.linear import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    Segment,
+    WeightSlot,
+    linear,
+    skinny_runs,
+)
 from m3bench.runtime.layers.norm import RMSNorm
 from m3bench.runtime.layers.rotary import apply_rope
 from m3bench.runtime.parallel import SINGLE, TPGroup
+
+INDEX_BESIDE_ROWS = 4  # as the shared expert beside (layers.moe): from 5 rows the GEMMs alone fill the GPU
 
 
 def _segments(cfg: ModelConfig, sparse: bool) -> tuple[Segment, ...]:
@@ -66,6 +78,7 @@ class Attention(nn.Module):
         self.index_pick: slice | None = None  # replicated index projection: this rank's heads
         self.fuse_branches = True  # fused path, MSA layers: both branches' norm + RoPE + write in one launch
         self.fuse_qkv_heads = False  # fused path at skinny rows: the projection ends in those (kernels.skinny_heads)
+        self.index_beside = False  # fused path, MSA layers, up to INDEX_BESIDE_ROWS rows: index branch on a side lane
 
     def replicate_index_projection(self) -> None:
         """Every index head computed on this rank, the ones of its KV heads kept (call before loading)."""
@@ -83,6 +96,8 @@ class Attention(nn.Module):
                 backend) -> torch.Tensor:
         """x [T, H] (already input-normed) -> [T, H]."""
         fused = use_triton(kernel_backend_of(backend), x) and self._fusable(x, cos)
+        if fused and self._beside_runs(x, backend):
+            return self.o_proj(self._msa_beside(x, cos, sin, meta, kv, backend).reshape(x.shape[0], -1))
         writes = self._heads_writes(x, kv) if fused and self.fuse_qkv_heads else None
         if writes is not None:
             q, iq = self._project_heads(x, writes, cos, sin, meta)
@@ -158,6 +173,42 @@ class Attention(nn.Module):
         _, outs = skinny_heads(x.contiguous(), self.qkv.weight, self.qkv.bias, writes, eps, gemma, cos, sin,
                                meta.slot_mapping)
         return outs[0], (outs[1] if self.sparse else None)
+
+    def _beside_runs(self, x: torch.Tensor, backend) -> bool:
+        """The index branch runs beside the query branch this call (index_beside, an MSA layer, few rows, plain
+        weights, a backend that selects and attends apart)."""
+        rows = x.numel() // x.shape[-1]
+        return (self.index_beside and self.sparse and 0 < rows <= INDEX_BESIDE_ROWS and self.qkv.weight_scale is None
+                and hasattr(backend, "msa_select"))
+
+    def _msa_beside(self, x, cos, sin, meta: AttnMetadata, kv: KVCache, backend) -> torch.Tensor:
+        """MSA attention with the index branch (its projection, norm / RoPE / index-key write, block scores and
+        top-k) on a side lane while the main lane projects q|k|v, norms, rotates and writes K / V (kernels/lanes.py:
+        concurrent on CUDA, inline in order elsewhere)."""
+        main, index = self._branch_writes(kv)
+        cut = index.branch.q_col  # the index rows of the fused weight start here
+        index = replace(index, branch=replace(index.branch, q_col=0, k_col=index.branch.k_col - cut))
+        with SideLane(x) as side:
+            iq = self._branch_queries(x, slice(cut, None), index, cos, sin, meta)
+            if self.index_pick is not None:
+                iq = iq[:, self.index_pick]
+            sel = backend.msa_select(self.layer, iq, meta, kv, self.cfg.msa)
+        q = self._branch_queries(x, slice(0, cut), main, cos, sin, meta)
+        side.join(sel)
+        return backend.msa_attend(self.layer, q, sel, meta, kv, self.scale)
+
+    def _branch_queries(self, x, rows: slice, write: BranchWrite, cos, sin, meta: AttnMetadata) -> torch.Tensor:
+        """One branch from its rows of the fused weight: its projection, then its heads normed and rotated (queries
+        returned, keys and values written); one launch where kernels.skinny_heads runs it (fuse_qkv_heads)."""
+        w = self.qkv.weight[rows]
+        bias = None if self.qkv.bias is None else self.qkv.bias[rows]
+        gemma, eps = self.cfg.norm is NormKind.GEMMA, self.cfg.rms_norm_eps
+        if (self.fuse_qkv_heads and skinny_runs(x, w, self.qkv.skinny_rows)
+                and skinny_heads_supported(x, w, (write,), self.qkv.skinny_rows)):
+            return skinny_heads(x.contiguous(), w, bias, (write,), eps, gemma, cos, sin, meta.slot_mapping)[1][0]
+        y = linear(x, w, None, bias, self.qkv.skinny_rows)
+        return norm_rope_write(y, write.branch, write.q_weight, write.k_weight, eps, gemma, cos, sin,
+                               meta.slot_mapping, write.k_cache, write.v_cache)
 
     @staticmethod
     def _norm_rope(x: torch.Tensor, norm: RMSNorm | None, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
