@@ -97,7 +97,13 @@ class Attention(nn.Module):
         """x [T, H] (already input-normed) -> [T, H]."""
         fused = use_triton(kernel_backend_of(backend), x) and self._fusable(x, cos)
         if fused and self._beside_runs(x, backend):
-            return self.o_proj(self._msa_beside(x, cos, sin, meta, kv, backend).reshape(x.shape[0], -1))
+            o = self._msa_beside(x, cos, sin, meta, kv, backend)
+        else:
+            o = self._attend(x, fused, cos, sin, meta, kv, backend)
+        return self.o_proj(o.reshape(x.shape[0], -1))
+
+    def _attend(self, x, fused: bool, cos, sin, meta: AttnMetadata, kv: KVCache, backend) -> torch.Tensor:
+        """The projection, both branches' norm / RoPE / writes, then dense or MSA attention, one after another."""
         writes = self._heads_writes(x, kv) if fused and self.fuse_qkv_heads else None
         if writes is not None:
             q, iq = self._project_heads(x, writes, cos, sin, meta)
@@ -105,12 +111,10 @@ class Attention(nn.Module):
             y = self.qkv(x)
             q, iq = (self._prepare_fused if fused else self._prepare_torch)(y, cos, sin, meta, kv)
         if not self.sparse:
-            o = backend.dense(self.layer, q, meta, kv, self.scale)
-        else:
-            if self.index_pick is not None:
-                iq = iq[:, self.index_pick]
-            o = backend.msa(self.layer, q, iq, meta, kv, self.scale, self.cfg.msa)
-        return self.o_proj(o.reshape(x.shape[0], -1))
+            return backend.dense(self.layer, q, meta, kv, self.scale)
+        if self.index_pick is not None:
+            iq = iq[:, self.index_pick]
+        return backend.msa(self.layer, q, iq, meta, kv, self.scale, self.cfg.msa)
 
     def _prepare_torch(self, y, cos, sin, meta: AttnMetadata, kv: KVCache):
         """q [T, Hq, d] and iq [T, Hi, di] (None on dense layers) normed and rotated; K/V/ik written."""
