@@ -17,8 +17,8 @@ from m3bench.runtime.layers.moe import route
 from m3bench.runtime.layers.norm import add_rms_norm
 from m3bench.runtime.layers.rotary import RotaryEmbedding
 
-from .cases import make_case
-from .test_norm_rope_kernel import _cache, _clone, _ref, _same_cache
+from .cases import clone_pages, make_case, poisoned_pages
+from .test_norm_rope_kernel import _ref, _same_cache
 from .test_router_kernel import check_router_align
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -80,8 +80,8 @@ def test_norm_rope_write_at_rank_shapes(fmt, index):
     cos, sin = RotaryEmbedding(64, 5e6, None, "cpu").cos_sin(torch.randint(0, 30000, (n_tok,), generator=g))
     slots = torch.randperm(pages * page, generator=g)[:n_tok]
     shape = (pages, page, d) if index else (pages, 1, page, d)
-    k_ref, v_ref = _cache(fmt, shape, torch.bfloat16, g), _cache(fmt, shape, torch.bfloat16, g)
-    k_got, v_got = _cuda(_clone(k_ref)), _cuda(_clone(v_ref))
+    k_ref, v_ref = poisoned_pages(fmt, shape, g), poisoned_pages(fmt, shape, g)
+    k_got, v_got = _cuda(clone_pages(k_ref)), _cuda(clone_pages(v_ref))
     want = _ref(y, b, qw, kw, NormKind.GEMMA, cos, sin, slots, k_ref, v_ref)
     q = norm_rope_write(y.cuda(), b, qw.cuda(), kw.cuda(), 1e-6, True, cos.cuda(), sin.cuda(), slots.cuda(),
                         k_got, None if index else v_got)
