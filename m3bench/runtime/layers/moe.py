@@ -42,8 +42,10 @@ from m3bench.runtime.kernels.moe import (
     MoeScales,
     MoeTiles,
     SharedExpert,
+    first_generation,
     fused_moe,
     moe_tiles,
+    mx_moe_tiles,
 )
 from m3bench.runtime.kernels.router import router_align_supported, router_topk, router_topk_align, router_topk_supported
 from m3bench.runtime.layers.activation import split_gate_up
@@ -165,9 +167,10 @@ class SparseMoe(nn.Module):
         return self.shared.down(h, add=y) if y.dtype == x.dtype else y + self.shared.down(h).to(y.dtype)
 
     def align_fusable(self, x: torch.Tensor) -> bool:
-        """The router's kernel aligns the picks too: switched on with the fused router, the fused MoE, few tokens."""
+        """The router's kernel aligns the picks too: switched on with the fused router, experts on the fused MoE's
+        first-generation kernels, few tokens."""
         return (self.fuse_align and self.fuse_router and x.dtype != torch.float64 and use_triton(self.kernel_backend, x)
-                and self.router_weight.dtype == torch.float32
+                and self.router_weight.dtype == torch.float32 and self.first_generation_experts()
                 and router_align_supported(x.shape[0], self.m.num_experts, self.m.top_k))
 
     def router_input(self, like: torch.Tensor, backend: KernelBackend) -> torch.Tensor | None:
@@ -202,10 +205,19 @@ class SparseMoe(nn.Module):
         return self.shared_added(x, y, part) if shared is None and self.shared is not None else y
 
     def expert_tiles(self, x: torch.Tensor, shared: SharedExpert | None) -> MoeTiles:
-        """The fused MoE's tiles for x [T, H] (what fused_moe would pick)."""
+        """The fused MoE's tiles for x [T, H] (what fused_moe would pick: MXFP8 experts the first generation's)."""
         n_tok, inter = x.shape[0], self.w_gate_up.shape[1] // 2
+        if self.w_down_scale is not None and self.w_gate_up_global is None:
+            return mx_moe_tiles(n_tok * self.m.top_k, self.w_down.shape[0], inter, x.shape[1])
         return moe_tiles(n_tok * self.m.top_k, self.w_down.shape[0], inter, x.shape[1], shared.inter if shared else 0,
                          n_tok)
+
+    def first_generation_experts(self) -> bool:
+        """The fused MoE runs these experts on its first-generation kernels (plain weights, or quantized ones it
+        picks them for: kernels.moe.first_generation), which take the router kernel's alignment and an add; NVFP4
+        experts run the tile-dequantizing kernels (~7x faster at decode, docs/performance.md 9), which do not."""
+        scales = self.expert_scales()
+        return scales is None or first_generation(scales, self.w_gate_up)
 
     def shared_fusable(self, x: torch.Tensor) -> bool:
         """The shared expert runs inside the fused MoE: switched on, Triton, plain routed and shared weights."""
