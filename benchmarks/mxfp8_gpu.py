@@ -188,7 +188,8 @@ def run_checks(sh: Shapes, dev, gen) -> dict[str, float]:
 # ---- the decode step of the rank's layers --------------------------------------------------------
 
 def decode_step_rows(layers_bf16: int, layers_mx: int, batches: tuple[int, ...], ctx: int, dev) -> list[dict]:
-    """Step ms of the TP8/EP8 rank model (decode_step.py's shapes) in bf16 and in MXFP8 weights."""
+    """Step ms of the TP8/EP8 rank model (decode_step.py's shapes) in bf16, MXFP8 (row- and block-major) and
+    NVFP4-expert weights (the ModelOpt release's mix: NVFP4 routed experts, MXFP8 block-major elsewhere)."""
     from decode_floor import M3Shapes
     from decode_setup import decode_meta, fill_random_, graphed, hf_m3_config, median_ms, our_config
 
@@ -198,13 +199,15 @@ def decode_step_rows(layers_bf16: int, layers_mx: int, batches: tuple[int, ...],
     from m3bench.runtime.model import M3ForCausalLM
 
     s, rows = M3Shapes(), []
-    for fmt, layers in ((LinearFormat.PLAIN, layers_bf16), (LinearFormat.MXFP8, layers_mx)):
+    for fmt, layers in ((LinearFormat.PLAIN, layers_bf16), (LinearFormat.MXFP8, layers_mx),
+                        (LinearFormat.NVFP4_EXPERTS, layers_mx)):
         cfg = our_config(hf_m3_config(s, layers, ctx * 2 + s.page))
         model = M3ForCausalLM(cfg, torch.bfloat16, dev, backend=make_backend("auto", dev, cfg, s.page), weights=fmt)
         model.init_dummy(0)
         kv = KVCache(cfg, max(batches) * (ctx // s.page + 2) + 1, s.page, KVDtype.FP8, torch.bfloat16, dev)
         fill_random_(kv)
-        layouts = (MxLayout.ROW_MAJOR, MxLayout.BLOCK_MAJOR) if fmt is LinearFormat.MXFP8 else (None,)
+        layouts = {LinearFormat.MXFP8: (MxLayout.ROW_MAJOR, MxLayout.BLOCK_MAJOR),
+                   LinearFormat.NVFP4_EXPERTS: (MxLayout.BLOCK_MAJOR,)}.get(fmt, (None,))
         for layout in layouts:
             label = fmt.value if layout is None else f"{fmt.value} {layout.value}"
             if layout is not None:
