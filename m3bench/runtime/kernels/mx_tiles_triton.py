@@ -124,17 +124,20 @@ def finish_tile(acc, m, n, m_ok, n_ok, y_ptr, s_ym, b_ptr, s_bm, part_ptr, cnt_p
     """Write acc [BLOCK_M, BLOCK_N] (fp32) to y (+ b[m * s_bm + n]: a bias with s_bm 0, an addend [M, N] with its
     row stride). SPLIT > 1: store the partial of this program's split (program_id(1)); the last of the tile's
     splits to arrive sums them all in split order, writes y and resets the tile's counter to 0 for the next
-    launch."""
+    launch. Returns whether this program wrote the tile (its epilogue may follow: skinny_heads_triton)."""
     mask = m_ok[:, None] & n_ok[None, :]
+    mine = True
     if SPLIT > 1:
         cell = m[:, None].to(tl.int64) * N + n[None, :]
         store_partial(acc, cell, mask, part_ptr, M * N)
-        if last_split(cnt_ptr, tile, SPLIT):
+        mine = last_split(cnt_ptr, tile, SPLIT)
+        if mine:
             acc = sum_partials(acc, cell, mask, part_ptr, M * N, SPLIT)
             _store(acc, m, n, mask, y_ptr, s_ym, b_ptr, s_bm, HAS_BIAS)
             tl.atomic_xchg(cnt_ptr + tile, 0)
     else:
         _store(acc, m, n, mask, y_ptr, s_ym, b_ptr, s_bm, HAS_BIAS)
+    return mine
 
 
 @triton.jit

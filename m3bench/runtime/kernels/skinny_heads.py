@@ -42,7 +42,7 @@ def skinny_heads_supported(x: torch.Tensor, weight: torch.Tensor, writes: tuple[
     formats = {kv_format_of(c) for c in caches}
     return (skinny_supported(x, weight, min(max_rows, HEADS_MAX_ROWS)) and x.dtype != torch.float32
             and 1 <= len(writes) <= 2
-            and len(formats) == 1 and heads_layout_ok(writes, weight.shape[0]) and weight.shape[1] % 32 == 0)
+            and len(formats) == 1 and heads_layout_ok(writes, weight.shape[0]) and weight.shape[1] == x.shape[-1])
 
 
 def heads_tiles(m: int, n: int, k: int, d: int, sms: int = SMS) -> MxTiles:

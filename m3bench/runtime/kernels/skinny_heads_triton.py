@@ -16,7 +16,7 @@ q and the index key (kernels.skinny_heads checks it).
 import triton
 import triton.language as tl
 
-from m3bench.runtime.kernels.mx_tiles_triton import last_split, store_partial, sum_partials
+from m3bench.runtime.kernels.mx_tiles_triton import finish_tile
 from m3bench.runtime.kernels.norm_rope_triton import head_row
 from m3bench.runtime.kernels.pdl_triton import pdl_wait
 from m3bench.runtime.kernels.skinny_triton import skinny_acc
@@ -45,22 +45,11 @@ def skinny_heads_kernel(
     n_ok, m_ok = n < N, m < M
     acc, _ = skinny_acc(x_ptr, w_ptr, s_xm, s_wn, n, m, n_ok, m_ok, N, K, K_SPLIT, D, BLOCK_M, BLOCK_K, F32, EVEN,
                         False)
-    acc = tl.trans(acc)  # [BLOCK_M, D]
-    mask = m_ok[:, None] & n_ok[None, :]
-    mine = True
-    if SPLIT > 1:
-        cell = m[:, None].to(tl.int64) * N + n[None, :]
-        store_partial(acc, cell, mask, part_ptr, M * N)
-        mine = last_split(cnt_ptr, j, SPLIT)
-        if mine:
-            acc = sum_partials(acc, cell, mask, part_ptr, M * N, SPLIT)
-            tl.atomic_xchg(cnt_ptr + j, 0)
-    if mine:
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + n[None, :], mask=mask, other=0.0).to(tl.float32)
-        tl.store(y_ptr + m[:, None].to(tl.int64) * s_ym + n[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
+    # the tile's writer: the last of its K splits (finish_tile), y's head columns stored (+ the bias [N])
+    if finish_tile(tl.trans(acc), m, n, m_ok, n_ok, y_ptr, s_ym, b_ptr, 0, part_ptr, cnt_ptr, j, M, N, SPLIT,
+                   HAS_BIAS):
         tl.debug_barrier()  # the tile's row stored by every thread before head_row reads it back
-        for t in range(M):  # (M <= 16 rows: 32-bit offsets)
+        for t in range(M):  # (M <= HEADS_MAX_ROWS rows: 32-bit offsets)
             head_row(t, j, y_ptr + t * s_ym, cos_ptr + t * s_ct, sin_ptr + t * s_ct, slot_ptr, eps,
                      q_ptr, qw_ptr, kw_ptr, k_ptr, ks_ptr, kgs_ptr, v_ptr, vs_ptr, vgs_ptr, q_col, k_col, v_col,
                      s_qt, s_qh, s_kp, s_kh, s_kt, s_ksp, s_ksh, s_kst, s_vp, s_vh, s_vt, s_vsp, s_vsh, s_vst,
