@@ -209,19 +209,18 @@ def pdl_of(ops: OpsSet):
     """The PDL mode (kernels.backend.Pdl) an ops set runs its Triton kernels with."""
     from m3bench.runtime.kernels.backend import Pdl
 
-    return {OpsSet.SKINNY_PDL: Pdl.ON, OpsSet.SKINNY_PDL_EARLY: Pdl.EARLY, OpsSet.SKINNY_PDL_SIDE: Pdl.ON,
-            OpsSet.SKINNY_PDL_SIDE_WHOLE: Pdl.ON, OpsSet.HEADS: Pdl.ON, OpsSet.INDEX: Pdl.ON,
-            OpsSet.HEADS_INDEX: Pdl.ON}.get(ops, Pdl.OFF)
+    if ops is OpsSet.SKINNY_PDL_EARLY:
+        return Pdl.EARLY
+    return Pdl.ON if ops.holds(OpsSet.SKINNY_PDL) else Pdl.OFF
 
 
 def beside_of(ops: OpsSet):
     """Where an ops set runs the shared expert below the fused MoE's threshold (layers.moe.SharedBeside)."""
     from m3bench.runtime.layers.moe import SharedBeside
 
-    return {OpsSet.SKINNY_PDL_SIDE: SharedBeside.GATE_UP, OpsSet.SKINNY_PDL_SIDE_WHOLE: SharedBeside.WHOLE,
-            OpsSet.HEADS: SharedBeside.WHOLE, OpsSet.INDEX: SharedBeside.WHOLE,
-            OpsSet.HEADS_INDEX: SharedBeside.WHOLE}.get(
-        ops, SharedBeside.OFF)
+    if ops is OpsSet.SKINNY_PDL_SIDE:
+        return SharedBeside.GATE_UP
+    return SharedBeside.WHOLE if ops.holds(OpsSet.SKINNY_PDL_SIDE_WHOLE) else SharedBeside.OFF
 
 
 @contextmanager

@@ -132,6 +132,15 @@ def mx_moe_tiles(n_pairs: int, n_experts: int, inter: int, hidden: int) -> MoeTi
                    num_warps=4)
 
 
+def first_generation_tiles(n_tok: int, top_k: int, n_experts: int, inter: int, hidden: int, quantized: bool,
+                           shared_inter: int = 0) -> MoeTiles:
+    """The tiles fused_moe runs its first-generation kernels on when a call names none: quantized experts
+    mx_moe_tiles, plain ones moe_tiles (with the shared expert inside at a few tokens: its split-K)."""
+    if quantized:
+        return mx_moe_tiles(n_tok * top_k, n_experts, inter, hidden)
+    return moe_tiles(n_tok * top_k, n_experts, inter, hidden, shared_inter, n_tok)
+
+
 def skinny_tiles(inter: int, shared_inter: int, hidden: int, block_n: int = 32, block_k: int = 64) -> MoeTiles:
     """A batch of a few tokens reads each active expert's weights once: the shared expert alone (or
     one routed expert) must fill MIN_PROGRAMS programs, so the gate+up reduction over `hidden` splits
@@ -177,8 +186,9 @@ def fused_moe(
                                 None if add is not None else out, shared)
         return y if add is None else _added(y, _addend(add), out)
     _check_shared(shared, scales, w_gate, x)
-    if scales is not None and tiles is None and first_generation(scales, w_gate):
-        tiles = mx_moe_tiles(topk_ids.numel(), w_gate.shape[0], w_gate.shape[1], x.shape[1])
+    if tiles is None and (scales is None or first_generation(scales, w_gate)):
+        tiles = first_generation_tiles(*topk_ids.shape, w_gate.shape[0], w_gate.shape[1], x.shape[1],
+                                       scales is not None, shared.inter if shared else 0)
     if scales is not None and not isinstance(tiles, MoeTiles):  # quantized: the tile-dequantizing kernels
         from m3bench.runtime.kernels.moe_quant import fused_moe_quant
 
@@ -188,8 +198,6 @@ def fused_moe(
                                scales, tiles)
     n_tok, top_k = topk_ids.shape
     n_exp, n_shared = w_gate.shape[0], n_tok if shared is not None else 0
-    tiles = tiles or moe_tiles(n_tok * top_k, n_exp, w_gate.shape[1], x.shape[1],
-                               shared.inter if shared else 0, n_tok)
     ids = topk_ids.reshape(-1).contiguous()
     if alignment is None:
         sorted_ids, block_expert, n_post = moe_align(ids, n_exp, tiles.block_m, n_shared)

@@ -163,13 +163,15 @@ class Attention(nn.Module):
         return write(writes[0]), write(writes[1])
 
     def _heads_writes(self, x: torch.Tensor, kv: KVCache) -> tuple[BranchWrite, ...] | None:
-        """The branches' writes where the projection can end in them this call (kernels.skinny_heads: few rows on
-        CUDA, plain weights, one head width, one cache format for both branches); else None."""
-        w, writes = self.qkv.weight, self._branch_writes(kv)
-        if (self.qkv.weight_scale is None and skinny_runs(x, w, self.qkv.skinny_rows)
-                and skinny_heads_supported(x, w, writes, self.qkv.skinny_rows)):
-            return writes
-        return None
+        """The branches' writes where the projection can end in them this call; else None."""
+        writes = self._branch_writes(kv)
+        return writes if self._heads_run(x, self.qkv.weight, writes) else None
+
+    def _heads_run(self, x: torch.Tensor, w: torch.Tensor, writes: tuple[BranchWrite, ...]) -> bool:
+        """x @ w (the fused weight or some of its rows) ends in the writes' heads (kernels.skinny_heads): few rows
+        on CUDA, plain weights, one head width, one cache format for the branches."""
+        return (self.qkv.weight_scale is None and skinny_runs(x, w, self.qkv.skinny_rows)
+                and skinny_heads_supported(x, w, writes, self.qkv.skinny_rows))
 
     def _project_heads(self, x, writes: tuple[BranchWrite, ...], cos, sin, meta: AttnMetadata):
         """q and iq (None on dense layers) from one launch: the projection, then its heads normed, rotated, written."""
@@ -181,9 +183,8 @@ class Attention(nn.Module):
     def _beside_runs(self, x: torch.Tensor, backend) -> bool:
         """The index branch runs beside the query branch this call (index_beside, an MSA layer, few rows, plain
         weights, a backend that selects and attends apart)."""
-        rows = x.numel() // x.shape[-1]
-        return (self.index_beside and self.sparse and 0 < rows <= INDEX_BESIDE_ROWS and self.qkv.weight_scale is None
-                and hasattr(backend, "msa_select"))
+        return (self.index_beside and self.sparse and 0 < x.shape[0] <= INDEX_BESIDE_ROWS
+                and self.qkv.weight_scale is None and hasattr(backend, "msa_select"))
 
     def _msa_beside(self, x, cos, sin, meta: AttnMetadata, kv: KVCache, backend) -> torch.Tensor:
         """MSA attention with the index branch (its projection, norm / RoPE / index-key write, block scores and
@@ -207,8 +208,7 @@ class Attention(nn.Module):
         w = self.qkv.weight[rows]
         bias = None if self.qkv.bias is None else self.qkv.bias[rows]
         gemma, eps = self.cfg.norm is NormKind.GEMMA, self.cfg.rms_norm_eps
-        if (self.fuse_qkv_heads and skinny_runs(x, w, self.qkv.skinny_rows)
-                and skinny_heads_supported(x, w, (write,), self.qkv.skinny_rows)):
+        if self.fuse_qkv_heads and self._heads_run(x, w, (write,)):
             return skinny_heads(x.contiguous(), w, bias, (write,), eps, gemma, cos, sin, meta.slot_mapping)[1][0]
         y = linear(x, w, None, bias, self.qkv.skinny_rows)
         return norm_rope_write(y, write.branch, write.q_weight, write.k_weight, eps, gemma, cos, sin,

@@ -43,9 +43,8 @@ from m3bench.runtime.kernels.moe import (
     MoeTiles,
     SharedExpert,
     first_generation,
+    first_generation_tiles,
     fused_moe,
-    moe_tiles,
-    mx_moe_tiles,
 )
 from m3bench.runtime.kernels.router import router_align_supported, router_topk, router_topk_align, router_topk_supported
 from m3bench.runtime.layers.activation import split_gate_up
@@ -205,12 +204,10 @@ class SparseMoe(nn.Module):
         return self.shared_added(x, y, part) if shared is None and self.shared is not None else y
 
     def expert_tiles(self, x: torch.Tensor, shared: SharedExpert | None) -> MoeTiles:
-        """The fused MoE's tiles for x [T, H] (what fused_moe would pick: MXFP8 experts the first generation's)."""
-        n_tok, inter = x.shape[0], self.w_gate_up.shape[1] // 2
-        if self.w_down_scale is not None and self.w_gate_up_global is None:
-            return mx_moe_tiles(n_tok * self.m.top_k, self.w_down.shape[0], inter, x.shape[1])
-        return moe_tiles(n_tok * self.m.top_k, self.w_down.shape[0], inter, x.shape[1], shared.inter if shared else 0,
-                         n_tok)
+        """The fused MoE's tiles for x [T, H]: what fused_moe picks for first-generation experts (the only ones the
+        router kernel aligns for, align_fusable)."""
+        return first_generation_tiles(x.shape[0], self.m.top_k, self.w_down.shape[0], self.w_gate_up.shape[1] // 2,
+                                      x.shape[1], self.w_down_scale is not None, shared.inter if shared else 0)
 
     def first_generation_experts(self) -> bool:
         """The fused MoE runs these experts on its first-generation kernels (plain weights, or quantized ones it

@@ -24,16 +24,15 @@ pytestmark = pytest.mark.usefixtures("triton_interpreter")
 @pytest.fixture
 def heads_calls(monkeypatch):
     """Skinny GEMMs on CPU tensors (the interpreter); the fused launches counted."""
-    calls = []
+    calls, real = [], attention.skinny_heads
 
     def runs(x, weight, rows):
         return bool(rows) and skinny.skinny_supported(x, weight, rows)
 
     def counted(*args, **kwargs):
         calls.append(args[3][0].branch.hq)
-        return attention.skinny_heads.__wrapped__(*args, **kwargs)
+        return real(*args, **kwargs)
 
-    counted.__wrapped__ = attention.skinny_heads
     monkeypatch.setattr(linear, "skinny_runs", runs)
     monkeypatch.setattr(attention, "skinny_runs", runs)
     monkeypatch.setattr(attention, "skinny_heads", counted)
