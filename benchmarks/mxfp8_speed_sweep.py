@@ -5,7 +5,6 @@ moe_quant.quant_moe_tiles should pick): every candidate checked against fp32, ti
     python benchmarks/mxfp8_speed_sweep.py moe
     python benchmarks/mxfp8_speed_sweep.py moe-v1     # the first-generation MXFP8 MoE (what AUTO runs)
     python benchmarks/mxfp8_speed_sweep.py linear-v1  # its linears at 4 / 16 rows; both: row- and block-major
-    python benchmarks/mxfp8_speed_sweep.py moe-swap   # block-major MoE: the rule against swapped (swap_ab) tiles
 
 Linear rows: qkv+index [1536, 6144] and o_proj [6144, 1024] of a TP8 rank at batch 1, 4, 16, 64 (GEMV and
 dot kernels, BLOCK_N / BLOCK_K / stages / split targets); MoE rows: moe-local (16 experts, every pick local)
@@ -140,37 +139,6 @@ def sweep_moe_v1(sh: Shapes, batches, dev, gen) -> None:
               f"({floor_us / bm_us[1]:4.0%}, {bf_us / bm_us[1]:4.2f}x bf16) err {bm_check:.1e}", flush=True)
 
 
-def swap_candidates(rule: MoeTiles):
-    """The rule's tiles accumulated transposed (swap_ab: the converted weights on the MMA's M side, BLOCK_N 64 a
-    warp group), around BLOCK_N (gate|up, down) and stages."""
-    yield replace(rule, swap_ab=True)
-    for bn, bn_down, st in itertools.product((64, 128), (64, 128), (3, 4)):
-        yield replace(rule, block_n=bn, block_n_down=bn_down, num_stages=st, num_warps=8 if bn == 128 else 4,
-                      swap_ab=True)
-
-
-def sweep_moe_swap(sh: Shapes, batches, dev, gen) -> None:
-    """Block-major MXFP8 experts (what a loaded model runs): the rule's tiles against the best swapped ones."""
-    ex = make_experts(sh, dev, gen)
-    weights, ex_bf = block_major_experts(ex.mx), ex.bf16
-    deq = ex.mx["scales"].dequantized(ex.mx["w_gate"], ex.mx["w_up"], ex.mx["w_down"], torch.float32)
-    for (name, n_choice), b in itertools.product((("moe-local", sh.n_local), ("moe-ep", sh.n_routed)), batches):
-        rs = [routing(b, n_choice, sh, dev, gen) for _ in range(8)]
-        hit = sum(int(torch.unique(r["topk_ids"][r["topk_ids"] >= 0]).numel()) for r in rs) / len(rs)
-        floor_us = hit * 3 * sh.inter * sh.hidden * MX_BYTES / FLOOR_BYTES_PER_S * 1e6
-        x32 = {k: v.float() if v.is_floating_point() else v for k, v in rs[0].items()}
-        want = fused_moe_ref(**x32, w_gate=deq[0], w_up=deq[1], w_down=deq[2])
-        run = lambda t: [lambda r=r: fused_moe(**r, **weights, backend=TRITON, tiles=t) for r in rs]  # noqa: E731
-        check = lambda t: rel_err(fused_moe(**rs[0], **weights, backend=TRITON, tiles=t), want)  # noqa: E731
-        bf_us = time_us([lambda r=r: fused_moe(**r, **ex_bf, backend=TRITON) for r in rs])
-        rule = mx_moe_tiles(b * sh.top_k, sh.n_local, sh.inter, sh.hidden)
-        rule_us = time_us(run(rule))
-        us, t = best_of(swap_candidates(rule), run, check)
-        print(f"{name} mxfp8 swap B={b}: floor {floor_us:6.1f} bf16 {bf_us:6.1f} | rule {rule_us:7.1f} us "
-              f"({floor_us / rule_us:4.0%}, {bf_us / rule_us:4.2f}x) | swapped best {us:7.1f} us "
-              f"({floor_us / us:4.0%}, {bf_us / us:4.2f}x bf16) {t}", flush=True)
-
-
 def block_major_experts(weights: dict) -> dict:
     """The same MXFP8 experts with block-major weights (quant.block_major; gate and up stay views of one tensor)."""
     gu = quant.block_major(torch.cat([weights["w_gate"], weights["w_up"]], dim=1))
@@ -192,16 +160,13 @@ def sweep_linear_v1(dev, gen) -> None:
             t = linear_tiles(m, n, k)
             want = F.linear(xs[0].float(), ws[0][2].float())
             err = rel_err(mxfp8_linear(xs[0], bms[0], ws[0][1], backend=TRITON, tiles=t), want)
-            ts = replace(t, swap_ab=True)
-            err_s = rel_err(mxfp8_linear(xs[0], bms[0], ws[0][1], backend=TRITON, tiles=ts), want)
             us = [time_us([lambda x=x, w=w, b=b: f(x, w, b) for x, w, b in zip(xs, ws, bms)]) for f in (
                 lambda x, w, b: F.linear(x, w[2]),
                 lambda x, w, b: mxfp8_linear(x, w[0], w[1], backend=TRITON, tiles=t),
-                lambda x, w, b: mxfp8_linear(x, b, w[1], backend=TRITON, tiles=t),
-                lambda x, w, b: mxfp8_linear(x, b, w[1], backend=TRITON, tiles=ts))]
+                lambda x, w, b: mxfp8_linear(x, b, w[1], backend=TRITON, tiles=t))]
             print(f"{name} M={m}: floor {floor_us:5.1f} | bf16 {us[0]:6.1f} | v1 row-major {us[1]:6.1f} "
-                  f"({floor_us / us[1]:4.0%}) | block-major {us[2]:6.1f} ({floor_us / us[2]:4.0%}) err {err:.1e}"
-                  f" | swapped {us[3]:6.1f} ({floor_us / us[3]:4.0%}) err {err_s:.1e}", flush=True)
+                  f"({floor_us / us[1]:4.0%}) | block-major {us[2]:6.1f} ({floor_us / us[2]:4.0%}) err {err:.1e}",
+                  flush=True)
 
 
 def main() -> int:
@@ -209,8 +174,8 @@ def main() -> int:
         print("no CUDA device: run on the H200", file=sys.stderr)
         return 2
     part = sys.argv[1] if len(sys.argv) > 1 else "linear"
-    if part not in ("linear", "moe", "moe-v1", "linear-v1", "moe-swap"):
-        print(f"unknown part {part!r}: linear, moe, moe-v1, moe-swap or linear-v1", file=sys.stderr)
+    if part not in ("linear", "moe", "moe-v1", "linear-v1"):
+        print(f"unknown part {part!r}: linear, moe, moe-v1 or linear-v1", file=sys.stderr)
         return 2
     dev, gen = torch.device("cuda"), torch.Generator(device="cuda").manual_seed(0)
     if part == "linear":
@@ -218,8 +183,6 @@ def main() -> int:
             sweep_linear(n, k, (1, 4, 16, 64), dev, gen)
     elif part == "moe-v1":
         sweep_moe_v1(Shapes(), (1, 4, 16, 64), dev, gen)
-    elif part == "moe-swap":
-        sweep_moe_swap(Shapes(), (1, 4, 16, 64), dev, gen)
     elif part == "linear-v1":
         sweep_linear_v1(dev, gen)
     else:

@@ -92,7 +92,6 @@ class MoeTiles:
     block_n_down: int = 0
     split_k: int = 1  # gate+up K-chunks of the shared expert (> 1: partials + moe_act_kernel)
     split_k_routed: int = 1  # ... of a routed expert (divides split_k)
-    swap_ab: bool = False  # MXFP8 experts: accumulate transposed, the weights on the MMA's M side (mx_subdot)
 
     @property
     def n_down(self) -> int:
@@ -316,8 +315,8 @@ def _launch_gate_up(x, wg, wu, inter, sorted_ids, block_expert, n_post, top_k, a
         BLOCK_K=tiles.block_k, ACT=ACT_CODE[act], F32=x.dtype == torch.float32 or interpreting(),
         FMT=_fmt_code(scales), SHARED=shared is not None, E_R=wg.shape[0] if shared is not None else -1,
         I_S=shared.inter if shared is not None else 0, SPLIT=split,
-        SPLIT_R=tiles.split_k_routed if split > 1 else 1, SWAP=_swap(tiles, scales), num_warps=tiles.num_warps,
-        num_stages=tiles.num_stages, **pdl_args(x),
+        SPLIT_R=tiles.split_k_routed if split > 1 else 1, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        **pdl_args(x),
     )
     if split > 1:
         _launch_act(part, inter, sorted_ids, block_expert, n_post, n_all, act, alpha, limit, tiles, wg.shape[0],
@@ -344,11 +343,6 @@ def _launch_act(part, inter, sorted_ids, block_expert, n_post, n_all, act, alpha
     )
 
 
-def _swap(tiles: MoeTiles, scales) -> bool:
-    """Whether the kernels accumulate transposed: tiles.swap_ab, which only the MXFP8 path (FMT 1) has."""
-    return tiles.swap_ab and _fmt_code(scales) == 1
-
-
 def _launch_down(inter, wd, y, sorted_ids, block_expert, n_post, weights, tiles, scales=None,
                  shared: SharedExpert | None = None):
     from m3bench.runtime.kernels.moe_triton import moe_down_kernel
@@ -366,8 +360,8 @@ def _launch_down(inter, wd, y, sorted_ids, block_expert, n_post, weights, tiles,
         I=n_inter, H=hidden, BLOCK_M=tiles.block_m, BLOCK_N=tiles.n_down, BLOCK_K=tiles.block_k,
         F32=inter.dtype == torch.float32 or interpreting(), FMT=_fmt_code(scales),
         SHARED=shared is not None, E_R=wd.shape[0] if shared is not None else -1,
-        I_S=shared.inter if shared is not None else 0, SWAP=_swap(tiles, scales), num_warps=tiles.num_warps,
-        num_stages=tiles.num_stages, **pdl_args(inter),
+        I_S=shared.inter if shared is not None else 0, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        **pdl_args(inter),
     )
 
 

@@ -25,7 +25,6 @@ from m3bench.runtime.kernels.mxfp8_triton import (
     mx_subdot,
     mx_weight_blocks,
     nv_weight_tile,
-    zeros_acc,
 )
 from m3bench.runtime.kernels.pdl_triton import pdl_wait
 
@@ -93,12 +92,11 @@ def moe_gate_up_kernel(
     H: tl.constexpr, I: tl.constexpr, TOPK: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACT: tl.constexpr, F32: tl.constexpr, FMT: tl.constexpr,
     SHARED: tl.constexpr, E_R: tl.constexpr, I_S: tl.constexpr, SPLIT: tl.constexpr, SPLIT_R: tl.constexpr,
-    SWAP: tl.constexpr, PDL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """inter[slot, n] = act(x[tok] . wg[e, n], x[tok] . wu[e, n]) for the block's slots (SPLIT > 1:
     the fp32 partials of one K chunk into part[chunk, pair]; SPLIT chunks for the shared expert,
-    SPLIT_R for a routed one, the grid's dim 1 spanning N tiles x chunks of the larger of the two). SWAP
-    (MXFP8): the sums accumulate transposed, the weights on the MMA's M side (mxfp8_triton.mx_subdot)."""
+    SPLIT_R for a routed one, the grid's dim 1 spanning N tiles x chunks of the larger of the two)."""
     pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
     pid_m = tl.program_id(0)
     if pid_m * BLOCK_M >= tl.load(n_post_ptr):
@@ -124,8 +122,8 @@ def moe_gate_up_kernel(
         return
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < n_lim
-    acc_g = zeros_acc(BLOCK_M, BLOCK_N, SWAP)
-    acc_u = zeros_acc(BLOCK_M, BLOCK_N, SWAP)
+    acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     G: tl.constexpr = BLOCK_K // MX_BLOCK
     if FMT == 1:  # MXFP8 scales, each K step's loaded one step ahead
         sg_rows, su_rows = sg_ptr + e * s_sge + n * s_sgn, su_ptr + e * s_sue + n * s_sun
@@ -140,8 +138,8 @@ def moe_gate_up_kernel(
             for j in tl.static_range(G):
                 kk = k0 + j * MX_BLOCK + tl.arange(0, MX_BLOCK)
                 a = act_block(x_ptr + tok[:, None] * s_xt, kk, row_ok[:, None] & (kk < H)[None, :], F32)
-                acc_g = mx_subdot(acc_g, a, qg[j], steps_g[j], F32, SWAP)
-                acc_u = mx_subdot(acc_u, a, qu[j], steps_u[j], F32, SWAP)
+                acc_g = mx_subdot(acc_g, a, qg[j], steps_g[j], F32)
+                acc_u = mx_subdot(acc_u, a, qu[j], steps_u[j], F32)
             steps_g, steps_u = next_g, next_u
         else:
             kk = k0 + tl.arange(0, BLOCK_K)
@@ -158,8 +156,6 @@ def moe_gate_up_kernel(
                 wu = tl.load(wu_base + n[:, None] * s_un_e + kk[None, :], mask=w_mask, other=0.0)
             acc_g += mma(a, tl.trans(wg), F32)
             acc_u += mma(a, tl.trans(wu), F32)
-    if SWAP:
-        acc_g, acc_u = tl.trans(acc_g), tl.trans(acc_u)
     if SPLIT > 1:
         part = part_ptr + pid_k * s_pk + pair[:, None].to(tl.int64) * s_pp + n[None, :]
         tl.store(part, acc_g, mask=row_ok[:, None] & n_ok[None, :])
@@ -203,10 +199,9 @@ def moe_down_kernel(
     s_it, s_de, s_dn, s_yp, sd_ptr, s_sde, s_sdn, gd_ptr, s_gde, n_routed, wsd_ptr, s_wsd, s_db,
     I: tl.constexpr, H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, F32: tl.constexpr, FMT: tl.constexpr,
-    SHARED: tl.constexpr, E_R: tl.constexpr, I_S: tl.constexpr, SWAP: tl.constexpr, PDL: tl.constexpr,
+    SHARED: tl.constexpr, E_R: tl.constexpr, I_S: tl.constexpr, PDL: tl.constexpr,
 ):
-    """y[pair, n] = routing_weight[pair] * inter[slot] . wd[e, n] (the shared expert's pairs: weight 1; SWAP
-    as in moe_gate_up_kernel)."""
+    """y[pair, n] = routing_weight[pair] * inter[slot] . wd[e, n] (the shared expert's pairs: weight 1)."""
     pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
     pid_m = tl.program_id(0)
     if pid_m * BLOCK_M >= tl.load(n_post_ptr):
@@ -218,7 +213,7 @@ def moe_down_kernel(
         wd_base, s_dn_e, k_end = wd_ptr + e * s_de, s_dn, I
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < H
-    acc = zeros_acc(BLOCK_M, BLOCK_N, SWAP)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     rows = slots[:, None].to(tl.int64) * s_it
     if FMT == 1:  # MXFP8 scales, each K step's loaded one step ahead
         sd_rows = sd_ptr + e * s_sde + n * s_sdn
@@ -227,7 +222,7 @@ def moe_down_kernel(
         if FMT == 1:  # MXFP8: 32-wide sub-dots, each scaled by its E8M0 block
             next_steps = mx_block_steps(sd_rows, n_ok, k0 + BLOCK_K, I, BLOCK_K // MX_BLOCK)
             acc = mx_dot(acc, inter_ptr + rows, wd_ptr + e * s_de + n[:, None] * s_dn, s_db, steps, n_ok, row_ok,
-                         k0, I, F32, BLOCK_K, SWAP)
+                         k0, I, F32, BLOCK_K)
             steps = next_steps
         else:
             kk = k0 + tl.arange(0, BLOCK_K)
@@ -240,8 +235,6 @@ def moe_down_kernel(
             else:
                 w = tl.load(wd_base + n[:, None] * s_dn_e + kk[None, :], mask=w_mask, other=0.0)
             acc += mma(a, tl.trans(w), F32)
-    if SWAP:
-        acc = tl.trans(acc)
     if SHARED:
         acc *= tl.load(weights_ptr + pair, mask=row_ok & (pair < n_routed), other=1.0).to(tl.float32)[:, None]
     else:

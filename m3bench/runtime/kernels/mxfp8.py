@@ -33,7 +33,6 @@ class LinearTiles:
     num_warps: int = 4
     num_stages: int = 4
     split_k: int = 1  # > 1: K in that many pieces, fp32 partials summed after (skinny decode GEMMs)
-    swap_ab: bool = False  # accumulate transposed, the weights on the MMA's M side (mxfp8_triton.mx_subdot)
 
 
 def linear_tiles(m: int, n: int, k: int = 0) -> LinearTiles:
@@ -93,7 +92,6 @@ def _launch(x, weight, scale, bias, y, t: LinearTiles) -> None:
         x, weight, scale.view(torch.uint8), bias if bias is not None else y, y, m,
         x.stride(0), weight.stride(0), block_stride(weight, 2), scale.stride(0), y.stride(-2), m * n,
         N=n, K=k, K_SPLIT=k // t.split_k, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
-        HAS_BIAS=bias is not None, F32=x.dtype == torch.float32 or interpreting(), SWAP=t.swap_ab,
-        num_warps=t.num_warps,
+        HAS_BIAS=bias is not None, F32=x.dtype == torch.float32 or interpreting(), num_warps=t.num_warps,
         num_stages=t.num_stages, **pdl_args(x),
     )

@@ -77,37 +77,23 @@ def _mx_block(w_rows, s_blk, n_ok, k0, K, j: tl.constexpr):
 
 
 @triton.jit
-def mx_subdot(acc, a, w, step, F32: tl.constexpr, SWAP: tl.constexpr = False):
+def mx_subdot(acc, a, w, step, F32: tl.constexpr):
     """acc + (a . w^T) * step: one 32-block's fp8 weights w [BLOCK_N, 32] against a (act_block), the fp32 partial
-    scaled by the block's power of two (exact). SWAP: acc is [BLOCK_N, BLOCK_M] and gets (w . a^T) * step: the
-    converted weights are the MMA's M side, an operand the MMA may take from registers ("swap AB")."""
-    if SWAP:
-        return acc + mma(w.to(a.dtype), tl.trans(a), F32) * step[:, None]
-    else:
-        return acc + mma(a, tl.trans(w).to(a.dtype), F32) * step[None, :]
+    scaled by the block's power of two (exact)."""
+    return acc + mma(a, tl.trans(w).to(a.dtype), F32) * step[None, :]
 
 
 @triton.jit
-def zeros_acc(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP: tl.constexpr):
-    """The fp32 accumulator of a tile: [BLOCK_M, BLOCK_N], or its transpose with SWAP."""
-    if SWAP:
-        return tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-    else:
-        return tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-
-
-@triton.jit
-def mx_dot(acc, a_rows, w_rows, s_blk, steps, n_ok, row_ok, k0, K, F32: tl.constexpr, BLOCK_K: tl.constexpr,
-           SWAP: tl.constexpr = False):
+def mx_dot(acc, a_rows, w_rows, s_blk, steps, n_ok, row_ok, k0, K, F32: tl.constexpr, BLOCK_K: tl.constexpr):
     """acc + a[:, k0:k0+BLOCK_K] . dequant(w)[n, k0:k0+BLOCK_K]^T as one 32-wide sub-dot per E8M0 block
     (mx_weight_blocks; s_blk: the weights' block stride), each fp32 partial scaled by its block's power of two
     (steps: mx_block_steps at k0; exact), so no per-element scale. `a_rows` [BLOCK_M, 1] and `w_rows`
-    [BLOCK_N, 1] point at the rows' starts. SWAP: acc is [BLOCK_N, BLOCK_M] (mx_subdot)."""
+    [BLOCK_N, 1] point at the rows' starts."""
     w = mx_weight_blocks(w_rows, s_blk, n_ok, k0, K, BLOCK_K)
     for j in tl.static_range(BLOCK_K // MX_BLOCK):
         kk = k0 + j * MX_BLOCK + tl.arange(0, MX_BLOCK)
         a = act_block(a_rows, kk, row_ok[:, None] & (kk < K)[None, :], F32)
-        acc = mx_subdot(acc, a, w[j], steps[j], F32, SWAP)
+        acc = mx_subdot(acc, a, w[j], steps[j], F32)
     return acc
 
 
@@ -131,27 +117,24 @@ def nv_weight_tile(w_base, s_base, g_base, n, kk, s_wn, s_sn, n_ok, k_ok):
 def mxfp8_linear_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, s_xm, s_wn, s_wb, s_sn, s_ym, s_split,
     N: tl.constexpr, K: tl.constexpr, K_SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, F32: tl.constexpr, SWAP: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, F32: tl.constexpr, PDL: tl.constexpr,
 ):
     """One [BLOCK_M, BLOCK_N] tile of y over K range program_id(2) * K_SPLIT + [0, K_SPLIT), fp32
-    accumulation in BLOCK_K steps (SWAP: as its transpose, mx_subdot); with K split, program s writes its
-    partial at y + s * s_split."""
+    accumulation in BLOCK_K steps; with K split, program s writes its partial at y + s * s_split."""
     pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
     m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     k_start = tl.program_id(2) * K_SPLIT
     m_ok, n_ok = m < M, n < N
-    acc = zeros_acc(BLOCK_M, BLOCK_N, SWAP)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     a_rows = x_ptr + m[:, None].to(tl.int64) * s_xm
     w_rows = w_ptr + n[:, None].to(tl.int64) * s_wn
     s_rows = s_ptr + n.to(tl.int64) * s_sn
     steps = mx_block_steps(s_rows, n_ok, k_start, K, BLOCK_K // MX_BLOCK)
     for k0 in range(k_start, k_start + K_SPLIT, BLOCK_K):
         next_steps = mx_block_steps(s_rows, n_ok, k0 + BLOCK_K, K, BLOCK_K // MX_BLOCK)
-        acc = mx_dot(acc, a_rows, w_rows, s_wb, steps, n_ok, m_ok, k0, K, F32, BLOCK_K, SWAP)
+        acc = mx_dot(acc, a_rows, w_rows, s_wb, steps, n_ok, m_ok, k0, K, F32, BLOCK_K)
         steps = next_steps
-    if SWAP:
-        acc = tl.trans(acc)
     if HAS_BIAS:
         acc += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     out = y_ptr + tl.program_id(2).to(tl.int64) * s_split + m[:, None].to(tl.int64) * s_ym + n[None, :]
