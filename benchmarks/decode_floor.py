@@ -1,8 +1,9 @@
 """Bytes and floor arithmetic of one decode step at MiniMax-M3's per-GPU TP8/EP8 shapes
 (docs/performance.md): weights read (the local experts some token routed to: counted from the
 routing that ran, or expected E_local(1-(1-k/E_total)^B)), KV read (dense layers: the whole
-context; MSA layers: top-k pages) and index keys read (the whole context), over 4.3 TB/s; plus
-how many layers fit in a memory budget. Pure Python.
+context; MSA layers: top-k pages) and index keys read (the whole context), over `peak_bytes_per_s()` (the
+device's copy rate where a GPU run measured it, floor_bandwidth.py; else the H200's 4.3 TB/s); plus how many
+layers fit in a memory budget. Pure Python.
 
 Two shape sets: `M3Shapes()` (world 1: 16 experts top-4, every pick local, one index head: the
 shapes the 47-layer runs of docs/performance.md used) and `RANK` (one faithful TP8/EP8 rank: the
@@ -14,8 +15,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-PEAK_BYTES_PER_S = 4.3e12
+# The rate every floor reads its bytes at (one definition for all the benchmarks): a GPU run sets its own device's
+# copy rate (floor_bandwidth.use_device_bandwidth); the default is the H200's copy rate, measured here in 2026-11.
+BANDWIDTH = {"bytes_per_s": 4.3e12, "source": "the H200's copy rate (2026-11), not measured in this run"}
 GB = 1e9
+
+
+def peak_bytes_per_s() -> float:
+    return BANDWIDTH["bytes_per_s"]
+
+
+def peak_source() -> str:
+    return BANDWIDTH["source"]
+
+
+def set_peak_bytes_per_s(rate: float, source: str) -> None:
+    BANDWIDTH.update(bytes_per_s=float(rate), source=source)
 
 
 @dataclass(frozen=True)
@@ -140,7 +155,7 @@ class Floor:
 
     @property
     def ms(self) -> float:
-        return self.total_bytes / PEAK_BYTES_PER_S * 1e3
+        return self.total_bytes / peak_bytes_per_s() * 1e3
 
 
 def floor_of(s: M3Shapes, layers: int, B: int, ctx: int, experts_read: list[float] | None = None) -> Floor:

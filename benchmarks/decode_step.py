@@ -65,9 +65,12 @@ from decode_floor import (
     floor_of,
     layers_that_fit,
     pages_per_seq,
+    peak_bytes_per_s,
+    peak_source,
     resident_bytes,
 )
 from decode_routing import Routing, routing_stats, set_routing
+from floor_bandwidth import use_device_bandwidth
 from decode_setup import (
     OpsSet,
     decode_meta,
@@ -334,7 +337,7 @@ def table(res: dict) -> str:
             f"which {sh['experts']} local, top-{sh['top_k']}, vocab {sh['vocab']}; bf16 weights, FP8 KV, page "
             f"{sh['page']}, top-{sh['topk_blocks']} blocks; CUDA graphs; no all-reduces; "
             f"ops sets {', '.join(res['plan']['ops_sets'])} (decode_setup.OpsSet); "
-            f"floor = bytes / 4.3 TB/s for the routing that ran")
+            f"floor = bytes / {peak_bytes_per_s() / 1e12:.2f} TB/s ({peak_source()}) for the routing that ran")
     cols = (f"{'batch':>5} {'ctx':>6} {'routing':>9} {'ops':>16} {'picks':>5} {'exp/L':>5} {'step ms':>9} {'floor ms':>9} "
             f"{'of floor':>8} {'us/layer':>8} {'tok/s':>8} {'W GB':>6} {'KV GB':>6} {'idx GB':>6}")
     lines = [head, cols]
@@ -517,6 +520,8 @@ def run(args) -> int:
     ok = True if args.skip_checks else run_checks(plan, dev, args.cpu_smoke, res)
     print(f"[{time.perf_counter() - t0:.0f} s] checks (PDL {res['pdl']}) {'passed' if ok else 'FAILED'}", flush=True)
     if not args.check_only:
+        res["floor_bandwidth"] = use_device_bandwidth(dev)
+        print(res["floor_bandwidth"], flush=True)
         big = resident_bytes(plan.shapes, plan.layers, max(plan.batches), max(plan.contexts))
         print(f"layers {plan.layers}; weights + KV {big / GB:.1f} GB", flush=True)
         run_timings(plan, dev, args, res)

@@ -12,7 +12,8 @@ Every kernel is first compared with its torch reference (fp32) on fresh random d
 timing is the median over CUDA-graph replays of many calls on distinct inputs (a replay streams
 more than 3x the L2, so every call reads cold data), per call; warm-up and compilation outside the
 timed window; without a capturable graph plain launches are timed (and a note printed). Achieved bandwidth counts
-the bytes each kernel must move (see *_bytes) against 4.3 TB/s.
+the bytes each kernel must move (see *_bytes) against the floor's bandwidth (decode_floor.peak_bytes_per_s: the
+device's copy rate, measured at the start of a GPU run, floor_bandwidth.py).
 Exit code: 0 all checks passed, 1 a check failed, 2 no GPU (without --tiny).
 """
 
@@ -30,8 +31,11 @@ from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # decode_floor, floor_bandwidth
 
 import torch
+from decode_floor import peak_bytes_per_s
+from floor_bandwidth import use_device_bandwidth
 
 from m3bench.runtime.kernels import kv_quant as kq
 from m3bench.runtime.kernels.attention import paged_attention
@@ -46,7 +50,6 @@ from m3bench.runtime.kernels.reference import (
     paged_attention_ref,
 )
 
-PEAK_BYTES_PER_S = 4.3e12
 TRITON = KernelBackend.TRITON
 
 
@@ -100,7 +103,7 @@ class Timing:
 
     @property
     def pct_peak(self) -> float:
-        return 100.0 * self.tb_per_s * 1e12 / PEAK_BYTES_PER_S
+        return 100.0 * self.tb_per_s * 1e12 / peak_bytes_per_s()
 
 
 # ---------------------------------------------------------------- inputs
@@ -518,7 +521,7 @@ def print_checks(checks: list[Check]) -> None:
 def print_table(rows: list[Timing]) -> None:
     rows = sorted(rows, key=lambda r: (r.kernel, r.fmt, r.q_len, r.ctx, r.batch))
     print(f"\n{'kernel':10} {'fmt/config':18} {'B':>3} {'ctx':>6} {'q':>2} {'us':>9} {'MB':>9} "
-          f"{'TB/s':>6} {'%4.3':>5}")
+          f"{'TB/s':>6} {'%peak':>5}")
     for r in rows:
         print(f"{r.kernel:10} {r.fmt:18} {r.batch:3d} {r.ctx:6d} {r.q_len:2d} {r.us:9.1f} "
               f"{r.bytes_moved / 1e6:9.2f} {r.tb_per_s:6.2f} {r.pct_peak:5.1f}")
@@ -544,6 +547,7 @@ def main(argv=None) -> int:
     sh = TINY if args.tiny else Shapes()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     gen = torch.Generator(device=dev).manual_seed(0)
+    print(use_device_bandwidth(dev), flush=True)
     n_pages = max(sh.batches) * math.ceil(max(sh.contexts) / sh.page) + 8
     t0 = time.perf_counter()
     pools = {fmt: make_pool(fmt, n_pages, sh, dev, gen) for fmt in args.formats.split(",")}

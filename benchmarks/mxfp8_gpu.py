@@ -12,7 +12,8 @@ gate|up [768, 6144] and down [6144, 384]) as bf16 `F.linear` (cuBLAS) and as the
 experts of 3072, every pick local: the memory-bound case) and "moe-ep" (top-4 over 128, other ranks'
 picks dropped), also with NVFP4 experts (the ModelOpt release's). Bytes moved: weights (bf16 2 B a
 weight, MXFP8 1 + 1/32 B, NVFP4 1/2 + 1/16 B) of the rows read (for the
-MoE, the distinct local experts routed to) plus activations in and out; % of 4.3 TB/s. Each kernel is
+MoE, the distinct local experts routed to) plus activations in and out; % of the floor's bandwidth (the device's
+copy rate, floor_bandwidth.py). Each kernel is
 first checked against dequantize-then-matmul in fp32 on fresh random inputs. Timings: median over
 CUDA-graph replays of calls on distinct inputs (benchmarks/kernels_gpu.py's `time_us`).
 Exit code: 0 all checks passed, 1 a check failed, 2 no GPU (without --tiny).
@@ -32,7 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
 import torch.nn.functional as F
-from kernels_gpu import PEAK_BYTES_PER_S, n_copies, time_us
+from decode_floor import peak_bytes_per_s
+from floor_bandwidth import use_device_bandwidth
+from kernels_gpu import n_copies, time_us
 
 from m3bench.runtime import quant
 from m3bench.runtime.kernels.backend import KernelBackend
@@ -72,7 +75,7 @@ class Row:
 
     @property
     def pct_peak(self) -> float:
-        return 100.0 * self.bytes_moved / (self.us * 1e-6) / PEAK_BYTES_PER_S
+        return 100.0 * self.bytes_moved / (self.us * 1e-6) / peak_bytes_per_s()
 
 
 # ---- inputs and checks ---------------------------------------------------------------------------
@@ -277,6 +280,7 @@ def main(argv=None) -> int:
     if dev is None:
         return 2
     sh, gen = (TINY if args.tiny else Shapes()), torch.Generator(device=dev).manual_seed(0)
+    print(use_device_bandwidth(dev), flush=True)
     checks = run_checks(sh, dev, gen)
     bad = {k: v for k, v in checks.items() if v > 2e-2}
     for k, v in checks.items():

@@ -9,7 +9,8 @@ as the fused MoE: "moe-local" (16 local experts of 3072, every pick local: the m
 "moe-ep" (top-4 over 128, other ranks' picks dropped), in MXFP8 and with NVFP4 experts. Every call reads
 its own copy of the weights (> 150 MB a graph replay, 3x the L2), as a decode step does across layers.
 % of floor: the new kernel's time against the bytes it must move (weights of the rows or experts read,
-activations in and out) at FLOOR_BYTES_PER_S (4.0 TB/s, an achievable H200 read rate). "alt": the other new
+activations in and out) at the floor's bandwidth (decode_floor.peak_bytes_per_s: the device's copy rate, measured
+at the start, floor_bandwidth.py; before 2026-12-06 a fixed 4.0 TB/s). "alt": the other new
 kernel (GEMV <-> dot) at batch 1. Error: max |got - want| / max |want| against dequantize-then-matmul in
 fp32 on the same inputs. Goals (issue 16): >= 75% of the floor; moe-local at batch 16-64 >= 1.7x bf16.
 Rows print as they are measured (a cut-short run still shows them); a kernel that fails reads NaN.
@@ -30,6 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
 import torch.nn.functional as F
+from decode_floor import peak_bytes_per_s
+from floor_bandwidth import use_device_bandwidth
 from kernels_gpu import time_us
 from mxfp8_gpu import MX_BYTES, NV_BYTES, TINY, Shapes, bench_device, make_experts, rel_err, routing
 
@@ -42,7 +45,6 @@ from m3bench.runtime.kernels.mxfp8 import linear_tiles, mxfp8_linear
 from m3bench.runtime.kernels.reference import fused_moe_ref
 
 TRITON = KernelBackend.TRITON
-FLOOR_BYTES_PER_S = 4.0e12
 COLD_BYTES = 150e6  # weight bytes read by one graph replay
 MAX_ERR = 2e-2
 BATCHES = (1, 4, 16, 64)
@@ -63,7 +65,7 @@ class Row:
 
     @property
     def pct_floor(self) -> float:
-        return 100.0 * self.bytes_moved / FLOOR_BYTES_PER_S / (self.new_us * 1e-6)
+        return 100.0 * self.bytes_moved / peak_bytes_per_s() / (self.new_us * 1e-6)
 
     @property
     def speedup(self) -> float:
@@ -210,6 +212,7 @@ def main(argv=None) -> int:
         return 2
     sh = replace(TINY, batches=(1, 3)) if args.tiny else replace(Shapes(), batches=BATCHES)
     gen = torch.Generator(device=dev).manual_seed(0)
+    print(use_device_bandwidth(dev), flush=True)
     rows = [] if args.only == "moe" else linear_rows(sh, sh.batches, dev, gen)
     rows += [] if args.only == "linear" else moe_rows(sh, sh.batches, dev, gen)
     table = markdown_table(rows) + "\n\n" + goal_summary(rows)

@@ -10,7 +10,7 @@ Linear rows: qkv+index [1536, 6144] and o_proj [6144, 1024] of a TP8 rank at bat
 dot kernels, BLOCK_N / BLOCK_K / stages / split targets); MoE rows: moe-local (16 experts, every pick local)
 at batch 1, 16, 64 in MXFP8 and NVFP4 (BLOCK_N, BLOCK_K, stages, warps); moe-v1 rows: the first generation's
 MoeTiles for MXFP8 experts, moe-local and moe-ep (top-4 over 128) at batch 1, 4, 16, 64. One line per row:
-rule us, best us, the best tiles, % of the 4.0 TB/s floor for both.
+rule us, best us, the best tiles, % of the floor (the device's copy rate, floor_bandwidth.py) for both.
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ import torch
 import torch.nn.functional as F
 from kernels_gpu import time_us
 from mxfp8_gpu import MX_BYTES, NV_BYTES, Shapes, make_experts, rel_err, routing
-from mxfp8_speed import FLOOR_BYTES_PER_S, copies, linear_weights
+from decode_floor import peak_bytes_per_s
+from floor_bandwidth import use_device_bandwidth
+from mxfp8_speed import copies, linear_weights
 
 from m3bench.runtime import quant
 from m3bench.runtime.kernels.backend import KernelBackend, next_pow2
@@ -69,7 +71,7 @@ def best_of(cands, run, check) -> tuple[float, object]:
 
 def sweep_linear(n: int, k: int, batches, dev, gen) -> None:
     ws = linear_weights(n, k, copies(n * k * MX_BYTES), dev, gen)
-    floor_us = n * k * MX_BYTES / FLOOR_BYTES_PER_S * 1e6
+    floor_us = n * k * MX_BYTES / peak_bytes_per_s() * 1e6
     for m in batches:
         xs = [torch.randn(m, k, device=dev, generator=gen).to(torch.bfloat16) for _ in ws]
         want = F.linear(xs[0].float(), ws[0][2].float())
@@ -88,7 +90,7 @@ def sweep_moe(sh: Shapes, batches, dev, gen) -> None:
                                                       batches):
         rs = [routing(b, sh.n_local, sh, dev, gen) for _ in range(8)]
         hit = sum(int(torch.unique(r["topk_ids"]).numel()) for r in rs) / len(rs)
-        floor_us = hit * 3 * sh.inter * sh.hidden * wbytes / FLOOR_BYTES_PER_S * 1e6
+        floor_us = hit * 3 * sh.inter * sh.hidden * wbytes / peak_bytes_per_s() * 1e6
         deq = weights["scales"].dequantized(weights["w_gate"], weights["w_up"], weights["w_down"], torch.float32)
         x32 = {k: v.float() if v.is_floating_point() else v for k, v in rs[0].items()}
         want = fused_moe_ref(**x32, w_gate=deq[0], w_up=deq[1], w_down=deq[2])
@@ -119,7 +121,7 @@ def sweep_moe_v1(sh: Shapes, batches, dev, gen) -> None:
     for (name, n_choice), b in itertools.product((("moe-local", sh.n_local), ("moe-ep", sh.n_routed)), batches):
         rs = [routing(b, n_choice, sh, dev, gen) for _ in range(8)]
         hit = sum(int(torch.unique(r["topk_ids"][r["topk_ids"] >= 0]).numel()) for r in rs) / len(rs)
-        floor_us = hit * 3 * sh.inter * sh.hidden * MX_BYTES / FLOOR_BYTES_PER_S * 1e6
+        floor_us = hit * 3 * sh.inter * sh.hidden * MX_BYTES / peak_bytes_per_s() * 1e6
         x32 = {k: v.float() if v.is_floating_point() else v for k, v in rs[0].items()}
         want = fused_moe_ref(**x32, w_gate=deq[0], w_up=deq[1], w_down=deq[2])
         run = lambda t: [lambda r=r: fused_moe(**r, **weights, backend=TRITON, tiles=t) for r in rs]  # noqa: E731
@@ -154,7 +156,7 @@ def sweep_linear_v1(dev, gen) -> None:
     for name, n, k in (("qkv+index", 1920, 6144), ("o_proj", 6144, 1024), ("dense gate|up", 3072, 6144)):
         ws = linear_weights(n, k, copies(n * k * MX_BYTES), dev, gen)
         bms = [quant.block_major(w[0]) for w in ws]
-        floor_us = n * k * MX_BYTES / FLOOR_BYTES_PER_S * 1e6
+        floor_us = n * k * MX_BYTES / peak_bytes_per_s() * 1e6
         for m in (4, 16):
             xs = [torch.randn(m, k, device=dev, generator=gen).to(torch.bfloat16) for _ in ws]
             t = linear_tiles(m, n, k)
@@ -178,6 +180,7 @@ def main() -> int:
         print(f"unknown part {part!r}: linear, moe, moe-v1 or linear-v1", file=sys.stderr)
         return 2
     dev, gen = torch.device("cuda"), torch.Generator(device="cuda").manual_seed(0)
+    print(use_device_bandwidth(dev), flush=True)
     if part == "linear":
         for n, k in ((1536, 6144), (6144, 1024)):
             sweep_linear(n, k, (1, 4, 16, 64), dev, gen)

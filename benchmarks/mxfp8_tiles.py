@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import itertools
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # decode_floor, floor_bandwidth
 
 import torch
 import torch.nn.functional as F
 import triton.testing
+from decode_floor import peak_bytes_per_s
+from floor_bandwidth import use_device_bandwidth
 
 from m3bench.runtime import quant
 from m3bench.runtime.kernels.backend import KernelBackend
 from m3bench.runtime.kernels.mxfp8 import LinearTiles, linear_tiles, mxfp8_linear
 
-HBM_BYTES_PER_US = 4.3e6  # measured device-to-device copy, 4.3 TB/s
 SHAPES = ((1536, 6144), (6144, 1024), (3072, 6144), (6144, 1536), (768, 6144), (6144, 384))
 BATCHES = (1, 16, 64)
 
@@ -37,7 +41,7 @@ def sweep_shape(n: int, k: int) -> None:
     g = torch.Generator(device="cuda").manual_seed(n + k)
     w, s = quant.quant_mxfp8(torch.randn(n, k, device="cuda", generator=g) * k ** -0.5)
     wb = quant.dequant_mxfp8(w, s, torch.bfloat16)
-    floor_us = (n * k + n * k // 32) / HBM_BYTES_PER_US
+    floor_us = (n * k + n * k // 32) / peak_bytes_per_s() * 1e6
     for m in BATCHES:
         x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
         ref = F.linear(x.float(), wb.float())
@@ -64,6 +68,7 @@ def sweep_shape(n: int, k: int) -> None:
 
 
 def main() -> int:
+    print(use_device_bandwidth(torch.device("cuda")), flush=True)
     for n, k in SHAPES:
         sweep_shape(n, k)
     return 0

@@ -12,7 +12,7 @@ prefills it in chunks of `--chunk` tokens (the MSA indexer scores each chunk's q
 index key before them) and samples one token. TTFT = wall time of that call after a warm-up call
 (median of `--repeats`); tok/s = L / TTFT.
 
-Floor per context (docs/performance.md's machine: 790 TFLOP/s bf16, 4.3 TB/s):
+Floor per context (790 TFLOP/s bf16; the device's copy rate, measured at the start, floor_bandwidth.py):
   FLOPs  2 x (active weights per token) x L  (all of a token's expert picks local, as decode_step.py)
          + dense layers: causal attention 4 Hq d L^2 / 2
          + MSA layers:   indexer 2 Hi di L^2 / 2  +  sparse attention 4 Hq d sum_p min(p, topk x page)
@@ -35,10 +35,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the m3bench package
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the decode_* helper modules
 
-from decode_floor import TINY, M3Shapes, attn_weight_bytes, expert_bytes, layer_kinds  # noqa: E402
+from decode_floor import TINY, M3Shapes, attn_weight_bytes, expert_bytes, layer_kinds, peak_bytes_per_s  # noqa: E402
 
 PEAK_FLOPS = 790e12
-PEAK_BYTES_PER_S = 4.3e12
 
 
 # ---- floor (pure arithmetic) ----------------------------------------------------------------------
@@ -92,7 +91,7 @@ class PrefillFloor:
 
     @property
     def ms(self) -> float:
-        return max(self.flops / PEAK_FLOPS, self.bytes / PEAK_BYTES_PER_S) * 1e3
+        return max(self.flops / PEAK_FLOPS, self.bytes / peak_bytes_per_s()) * 1e3
 
 
 # ---- the run -------------------------------------------------------------------------------------
@@ -171,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     contexts = [256, 640] if args.cpu_smoke else [int(x) for x in args.contexts.split(",")]
     chunk = 128 if args.cpu_smoke else args.chunk
     layers = 3 if args.cpu_smoke else args.layers
+    from floor_bandwidth import use_device_bandwidth
+
+    print(use_device_bandwidth(dev), flush=True)
     rows = measure(s, layers, contexts, chunk, args.repeats, dev)
     device = "cpu" if args.cpu_smoke else torch.cuda.get_device_name(0)
     print_table(rows, f"prefill, {layers} layers, chunk {chunk}, {device}")

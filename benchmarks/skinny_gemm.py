@@ -9,7 +9,8 @@ shared expert (bf16) and the router (fp32 weights and input, to 4 rows) of one T
 rows; "+act" rows: gate|up with the activation in the epilogue against cuBLAS + the gated_act kernel; "+add":
 the down GEMM adding a [rows, N] tensor against cuBLAS + an add. Every
 call reads its own weight copy (> 150 MB a graph replay), as a decode step does across layers. % of floor:
-the weight bytes at FLOOR_BYTES_PER_S (4.0 TB/s, an achievable H200 read rate) against the time. Error: max
+the weight bytes at the floor's bandwidth (decode_floor.peak_bytes_per_s: the device's copy rate, measured at the
+start) against the time. Error: max
 |got - want| / max |want| against fp32 matmul. Exit code: 0 every error below 2e-2, 1 one is not (or a
 kernel failed), 2 no GPU (without --tiny).
 """
@@ -27,6 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
 import torch.nn.functional as F
+from decode_floor import peak_bytes_per_s
+from floor_bandwidth import use_device_bandwidth
 from mxfp8_gpu import rel_err
 from mxfp8_speed import copies, error_of, measure
 
@@ -37,7 +40,6 @@ from m3bench.runtime.kernels.reference import MoeActivation
 from m3bench.runtime.kernels.skinny import GEMV_MAX_ROWS, Gate, skinny_linear, skinny_tiles
 from m3bench.runtime.layers.activation import gated_activation
 
-FLOOR_BYTES_PER_S = 4.0e12
 MAX_ERR = 2e-2
 SMS = 132
 SHAPES = (("qkv+index", 1920, 6144, torch.bfloat16), ("o_proj", 6144, 1024, torch.bfloat16),
@@ -68,7 +70,7 @@ class Row:
     err: float
 
     def pct(self, us: float) -> float:
-        return 100.0 * self.weight_bytes / FLOOR_BYTES_PER_S / (us * 1e-6)
+        return 100.0 * self.weight_bytes / peak_bytes_per_s() / (us * 1e-6)
 
 
 def candidates(m: int, n: int, k: int, dtype: torch.dtype) -> list[MxTiles]:
@@ -178,6 +180,7 @@ def main(argv=None) -> int:
         return 2
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     gen = torch.Generator(device=dev).manual_seed(0)
+    print(use_device_bandwidth(dev), flush=True)
     print(HEADER)
     rows = [r for name, n, k, dt in (TINY if args.tiny else SHAPES)
             for r in shape_rows(name, n, k, dt, args.sweep, dev, gen)]

@@ -52,6 +52,20 @@ def test_kv_and_index_bytes(fl):
     assert f.ms == pytest.approx((f.weights_bytes + f.kv_bytes + f.index_bytes) / 4.3e12 * 1e3)
 
 
+def test_floors_read_at_the_bandwidth_the_run_measured(fl, monkeypatch):
+    """One bandwidth for every floor: the H200's 4.3 TB/s until a GPU run sets its own device's copy rate
+    (floor_bandwidth.use_device_bandwidth); off the GPU the default stays and the line says so."""
+    bw = load_benchmark("floor_bandwidth")
+    monkeypatch.setitem(fl.BANDWIDTH, "bytes_per_s", fl.BANDWIDTH["bytes_per_s"])
+    monkeypatch.setitem(fl.BANDWIDTH, "source", fl.BANDWIDTH["source"])
+    f = fl.floor_of(fl.M3Shapes(), 5, 3, 8192)
+    line = bw.use_device_bandwidth("cpu")
+    assert line.startswith("floor bandwidth 4.30 TB/s") and "not measured" in line
+    before = f.ms
+    fl.set_peak_bytes_per_s(3.0e12, "a copy on an H100")
+    assert f.ms == pytest.approx(before * 4.3 / 3.0) and bw.use_device_bandwidth("cpu").endswith("(a copy on an H100)")
+
+
 def test_layers_that_fit_is_the_largest_within_budget(fl):
     s = fl.M3Shapes()
     n = fl.layers_that_fit(s, 64, 32768, 120e9)

@@ -15,11 +15,25 @@ by `current_lane()`, so a side launch never shares counters with a concurrent ma
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 MAIN, SIDE = 0, 1
-_LANE = {"current": MAIN}
+_LANE = {"current": MAIN, "inline": False}
 _STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+@contextlib.contextmanager
+def inline_lanes():
+    """Side lanes opened inside run their work inline, in order on the main stream: the same kernels on the same
+    inputs with no concurrency, to check that running beside changes no result (tests, diagnostics)."""
+    before = _LANE["inline"]
+    _LANE["inline"] = True
+    try:
+        yield
+    finally:
+        _LANE["inline"] = before
 
 
 def current_lane() -> int:
@@ -39,7 +53,7 @@ class SideLane:
     """A context whose CUDA launches go to the side stream after the main stream's queued work (see module)."""
 
     def __init__(self, like: torch.Tensor, on: bool = True):
-        self.on = bool(on) and like.is_cuda
+        self.on = bool(on) and like.is_cuda and not _LANE["inline"]
         self.main = torch.cuda.current_stream(like.device) if self.on else None
         self.side = side_stream(like.device) if self.on else None
         self._ctx = None

@@ -26,3 +26,18 @@ def test_each_lane_has_its_own_split_counters(monkeypatch):
     side = split_counters(cpu)
     assert side is split_counters(cpu, lanes.SIDE) and side is not main
     assert side.data_ptr() != main.data_ptr() and not side.any()
+
+
+def test_inline_lanes_keep_a_cuda_side_lane_on_the_main_stream():
+    class CudaLike:  # what SideLane reads of its `like` tensor; a real one would need a GPU
+        is_cuda = True
+        device = torch.device("cuda", 0)
+
+    with lanes.inline_lanes():
+        with lanes.SideLane(CudaLike()) as side:
+            assert not side.on and lanes.current_lane() == lanes.MAIN
+        side.join()
+        with lanes.inline_lanes():  # nested: still inline, and the outer's setting comes back
+            pass
+        assert lanes._LANE["inline"]
+    assert not lanes._LANE["inline"]
