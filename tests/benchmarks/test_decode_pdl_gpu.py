@@ -3,10 +3,12 @@ dependent launch off, on (trigger after the wait) and early (trigger before it),
 every replay repeats the first (a race between overlapping kernels shows as a replay that differs, or NaN: the
 output is poisoned before each replay). The same with the shared expert's gate|up on a side stream beside the
 router (SparseMoe.shared_beside GATE_UP, batches of at most 4): the same kernels on the same inputs, run
-concurrently. The whole shared expert beside (WHOLE) adds it in the routed sum, another rounding: its replays repeat
-its first, which is within bf16 noise of PDL off's; so do those of the FEW_ROWS sets at batch 1 and 4 (WHOLE + the
-q|k|v GEMM ending in its heads' norm / RoPE / cache writes, kernels.skinny_heads; + the MSA index branch on the side
-lane, Attention.index_beside; both), whose GEMMs split otherwise.
+concurrently. The whole shared expert beside (WHOLE) adds it in the routed sum, another rounding; so do the FEW_ROWS
+sets at batch 1 and 4 (WHOLE + the q|k|v GEMM ending in its heads' norm / RoPE / cache writes, kernels.skinny_heads;
++ the MSA index branch on the side lane, Attention.index_beside; both), whose GEMMs split otherwise. Each of these
+replays, bit for bit, what the same set gives with its side lanes inline (kernels.lanes.inline_lanes: no race), and
+its logits are within bf16 noise of PDL off's, or, where the other rounding flipped a near-tie of a top-k (an MSA
+selection, the router's), within it once the step's discrete choices are pinned to PDL off's.
 
 Every kernel of the step is deterministic (split K and split KV meet in a fixed order) and PDL adds only the wait
 and the trigger to each kernel, so the three modes agree to the bit. Cases: bf16 weights with FP8 and hybrid
