@@ -190,30 +190,37 @@ def run_checks(sh: Shapes, dev, gen) -> dict[str, float]:
 
 # ---- the decode step of the rank's layers --------------------------------------------------------
 
-def decode_step_rows(layers_bf16: int, layers_mx: int, batches: tuple[int, ...], ctx: int, dev) -> list[dict]:
+def decode_step_rows(layers_bf16: int, layers_mx: int, batches: tuple[int, ...], ctx: int, dev,
+                     formats: tuple[str, ...] = ("plain", "mxfp8", "nvfp4-experts")) -> list[dict]:
     """Step ms of the TP8/EP8 rank model (decode_step.py's shapes) in bf16, MXFP8 (row- and block-major) and
-    NVFP4-expert weights (the ModelOpt release's mix: NVFP4 routed experts, MXFP8 block-major elsewhere)."""
+    NVFP4-expert weights (the ModelOpt release's mix: NVFP4 routed experts, MXFP8 block-major elsewhere), packed
+    and with the experts' codes held as e4m3 bytes (runtime.nv_codes)."""
     from decode_floor import M3Shapes
     from decode_setup import decode_meta, fill_random_, graphed, hf_m3_config, median_ms, our_config
 
     from m3bench.runtime.attention.select import make_backend
     from m3bench.runtime.kv_cache import KVCache, KVDtype
-    from m3bench.runtime.layers.weight_format import LinearFormat, MxLayout, set_mx_layout
+    from m3bench.runtime.layers.weight_format import LinearFormat, MxLayout, NvCodes, set_mx_layout, set_nv_codes
     from m3bench.runtime.model import M3ForCausalLM
 
     s, rows = M3Shapes(), []
     for fmt, layers in ((LinearFormat.PLAIN, layers_bf16), (LinearFormat.MXFP8, layers_mx),
                         (LinearFormat.NVFP4_EXPERTS, layers_mx)):
+        if fmt.value not in formats:
+            continue
         cfg = our_config(hf_m3_config(s, layers, ctx * 2 + s.page))
         model = M3ForCausalLM(cfg, torch.bfloat16, dev, backend=make_backend("auto", dev, cfg, s.page), weights=fmt)
         model.init_dummy(0)
         kv = KVCache(cfg, max(batches) * (ctx // s.page + 2) + 1, s.page, KVDtype.FP8, torch.bfloat16, dev)
         fill_random_(kv)
         layouts = {LinearFormat.MXFP8: (MxLayout.ROW_MAJOR, MxLayout.BLOCK_MAJOR),
-                   LinearFormat.NVFP4_EXPERTS: (MxLayout.BLOCK_MAJOR,)}.get(fmt, (None,))
+                   LinearFormat.NVFP4_EXPERTS: (MxLayout.BLOCK_MAJOR, NvCodes.E4M3)}.get(fmt, (None,))
         for layout in layouts:
             label = fmt.value if layout is None else f"{fmt.value} {layout.value}"
-            if layout is not None:
+            if layout is NvCodes.E4M3:  # the experts' codes as e4m3 bytes, block-major (weight_format.set_nv_codes)
+                label = f"{fmt.value} e4m3 codes"
+                set_nv_codes(model, NvCodes.E4M3, MxLayout.BLOCK_MAJOR)
+            elif layout is not None:
                 set_mx_layout(model, layout)
             for b in batches:
                 meta, ids = decode_meta(s, b, ctx, dev), torch.randint(0, s.vocab, (b,), device=dev)
@@ -260,6 +267,8 @@ def parse_args(argv):
     ap.add_argument("--kernels-only", action="store_true", help="skip the decode steps of the rank model")
     ap.add_argument("--steps-only", action="store_true", help="only the decode steps (after the checks)")
     ap.add_argument("--bf16-layers", type=int, default=40, help="layers of the bf16 rank model (60 do not fit)")
+    ap.add_argument("--step-formats", nargs="+", choices=("plain", "mxfp8", "nvfp4-experts"),
+                    default=["plain", "mxfp8", "nvfp4-experts"], help="weight formats of the decode-step rows")
     ap.add_argument("--context", type=int, default=8192)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--markdown", type=Path, default=None)
@@ -287,7 +296,7 @@ def main(argv=None) -> int:
         print(f"check {k}: rel err {v:.2e} {'FAIL' if k in bad else 'ok'}", flush=True)
     rows = [] if args.steps_only else kernel_rows(sh, dev, gen)
     steps = [] if args.kernels_only or args.tiny else decode_step_rows(args.bf16_layers, 60, (1, 16, 64),
-                                                                       args.context, dev)
+                                                                       args.context, dev, tuple(args.step_formats))
     table = (markdown_table(rows) if rows else "") + ("\n\n" + step_table(steps) if steps else "")
     print(table)
     if args.markdown:

@@ -28,6 +28,7 @@ class WeightsChoice(str, Enum):  # mirrors runtime.memory_plan.WeightFormat, plu
     BF16 = "bf16"
     MXFP8 = "mxfp8"
     NVFP4_EXPERTS = "nvfp4-experts"
+    NVFP4_EXPERTS_E4M3 = "nvfp4-experts-e4m3"  # the experts' codes held as e4m3 bytes (M3BENCH_NV_CODES=e4m3)
 
 
 class DraftChoice(str, Enum):

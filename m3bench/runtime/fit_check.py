@@ -12,22 +12,26 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from m3bench.runtime.config import ModelConfig, QuantMethod
+from m3bench.runtime.config import ModelConfig
 from m3bench.runtime.engine_config import EngineConfig, WeightsDtype, parse_enum
 from m3bench.runtime.errors import InputError
-from m3bench.runtime.memory_plan import GIB, DraftShape, MemoryPlan, PlanSettings, WeightFormat, check_fits
+from m3bench.runtime.memory_plan import (
+    GIB,
+    DraftShape,
+    MemoryPlan,
+    PlanSettings,
+    WeightFormat,
+    check_fits,
+    native_format,
+)
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
-# How the runtime holds a quantized checkpoint with weights_dtype "auto": as stored (the NVFP4 release:
-# routed experts NVFP4, its other linear layers MXFP8).
-NATIVE_FORMATS = {QuantMethod.MXFP8: WeightFormat.MXFP8, QuantMethod.NVFP4: WeightFormat.NVFP4_EXPERTS}
-
-
 def resident_format(cfg: ModelConfig, weights_dtype: WeightsDtype | str) -> WeightFormat:
-    """How the runtime holds the checkpoint's weights: natively where it can, else in the model dtype."""
+    """How the runtime holds the checkpoint's weights: natively where it can (memory_plan.native_format: the NVFP4
+    release's routed experts NVFP4, its other linear layers MXFP8), else in the model dtype."""
     if parse_enum(WeightsDtype, weights_dtype, "weights_dtype") is not WeightsDtype.AUTO:
         return WeightFormat.BF16
-    return NATIVE_FORMATS.get(cfg.quant, WeightFormat.BF16)
+    return native_format(cfg)
 
 
 def device_memory_gib(device: str, ranks: int) -> float:

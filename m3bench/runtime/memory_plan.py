@@ -11,7 +11,7 @@ MLP intermediates split over TP, KV and index heads split or duplicated (fewer h
 index key head replicated, routed experts expert-parallel (E / EP experts a rank; with EP < TP each further
 split by intermediate size over TP / EP ranks: 1/TP of the expert bytes either way), embeddings and
 lm_head by vocabulary. Formats: MXFP8 = 1 byte + one E8M0 byte per 32 inputs; NVFP4 = half a byte + one
-e4m3 byte per 16 inputs; embeddings, lm_head, norms and routers (fp32) are never quantized.
+e4m3 byte per 16 inputs (its codes held as e4m3 bytes, runtime.nv_codes: 1 byte + the same); embeddings, lm_head, norms and routers (fp32) are never quantized.
 The KV cache: pages of `page_tokens` (128 = the MSA block), K and V per layer and the index key per MSA
 layer, in the layer's storage format (`kv_cache_dtype` as runtime.kv_cache.KVDtype names it).
 The workspace (activations of one `max_num_tokens` step, logits of `max_num_seqs` rows, CUDA context) and
@@ -27,6 +27,7 @@ from pathlib import Path
 
 from m3bench.runtime.config import AttnKind, MlpKind, ModelConfig, QuantMethod
 from m3bench.runtime.errors import InputError
+from m3bench.runtime.nv_codes import NvCodes, nv_codes
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 GIB = 2 ** 30
@@ -40,6 +41,7 @@ class WeightFormat(Enum):
     BF16 = "bf16"  # every weight in the model dtype (2 bytes: bf16; `dtype_bytes` says otherwise)
     MXFP8 = "mxfp8"  # every linear layer MXFP8
     NVFP4_EXPERTS = "nvfp4-experts"  # routed experts NVFP4, the other linear layers MXFP8 (ModelOpt mixed)
+    NVFP4_EXPERTS_E4M3 = "nvfp4-experts-e4m3"  # the same, the experts' codes held as e4m3 bytes (runtime.nv_codes)
 
 
 class KVFormat(Enum):
@@ -198,18 +200,21 @@ def _layer_params(cfg: ModelConfig, i: int, out: dict[str, int]) -> None:
 # --- bytes per rank ------------------------------------------------------------------------------
 
 def _linear_bytes(params: float, fmt: str, dtype_bytes: int) -> float:
-    """Bytes of `params` linear-layer weights stored in fmt ("plain" | "mxfp8" | "nvfp4")."""
+    """Bytes of `params` linear-layer weights stored in fmt ("plain" | "mxfp8" | "nvfp4" | "nvfp4-e4m3": the codes as
+    e4m3 bytes)."""
     if fmt == "mxfp8":
         return params * (1 + 1 / MX_BLOCK)
     if fmt == "nvfp4":
         return params * (0.5 + 1 / NV_BLOCK)
+    if fmt == "nvfp4-e4m3":
+        return params * (1 + 1 / NV_BLOCK)
     return params * dtype_bytes
 
 
 def _formats(w: WeightFormat) -> tuple[str, str]:
     """(format of the linear layers, format of the routed experts)."""
     return {WeightFormat.BF16: ("plain", "plain"), WeightFormat.MXFP8: ("mxfp8", "mxfp8"),
-            WeightFormat.NVFP4_EXPERTS: ("mxfp8", "nvfp4")}[w]
+            WeightFormat.NVFP4_EXPERTS: ("mxfp8", "nvfp4"), WeightFormat.NVFP4_EXPERTS_E4M3: ("mxfp8", "nvfp4-e4m3")}[w]
 
 
 def _local_heads(heads: int, tp: int) -> int:
@@ -336,8 +341,15 @@ def weight_format_for(cfg: ModelConfig, choice: str = "auto") -> WeightFormat:
         except ValueError:
             raise InputError(f"unknown weight format {choice!r} (choose from auto, "
                              f"{', '.join(w.value for w in WeightFormat)})") from None
-    return {QuantMethod.MXFP8: WeightFormat.MXFP8, QuantMethod.NVFP4: WeightFormat.NVFP4_EXPERTS}.get(
-        cfg.quant, WeightFormat.BF16)
+    return native_format(cfg)
+
+
+def native_format(cfg: ModelConfig) -> WeightFormat:
+    """How the runtime holds a quantized checkpoint natively: MXFP8 as stored; the NVFP4 release's experts packed,
+    or with their codes as e4m3 bytes where the process says so (runtime.nv_codes); else the model dtype."""
+    if cfg.quant is QuantMethod.NVFP4:
+        return WeightFormat.NVFP4_EXPERTS_E4M3 if nv_codes() is NvCodes.E4M3 else WeightFormat.NVFP4_EXPERTS
+    return WeightFormat.MXFP8 if cfg.quant is QuantMethod.MXFP8 else WeightFormat.BF16
 
 
 def preset_config(name: str) -> ModelConfig:

@@ -63,8 +63,9 @@ def linear_format_for(cfg: ModelConfig, weights_dtype: Any) -> LinearFormat:
     from m3bench.runtime.fit_check import resident_format
     from m3bench.runtime.memory_plan import WeightFormat
 
-    return {WeightFormat.MXFP8: LinearFormat.MXFP8, WeightFormat.NVFP4_EXPERTS: LinearFormat.NVFP4_EXPERTS}.get(
-        resident_format(cfg, weights_dtype), LinearFormat.PLAIN)
+    return {WeightFormat.MXFP8: LinearFormat.MXFP8, WeightFormat.NVFP4_EXPERTS: LinearFormat.NVFP4_EXPERTS,
+            WeightFormat.NVFP4_EXPERTS_E4M3: LinearFormat.NVFP4_EXPERTS,  # codes expanded once loaded (mx_loading)
+            }.get(resident_format(cfg, weights_dtype), LinearFormat.PLAIN)
 
 
 def model_config_of(cfg: EngineConfig, model_config: Any = None) -> ModelConfig:

@@ -51,12 +51,13 @@ def dequant_mxfp8(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype)
     return (w * e8m0_to_float(scale).unsqueeze(-1)).flatten(-2).to(dtype)
 
 
-def block_major(weight: torch.Tensor) -> torch.Tensor:
-    """MXFP8 weights [..., N, K] laid out block-major: storage [..., K/32, N, 32], so that one 32-wide input block
-    of consecutive rows is one contiguous run (the MXFP8 kernels load a K step a block at a time); returned as
-    the view [..., N, K/32, 32] the kernels read (kernels/mxfp8.block_stride). row_major() undoes it."""
+def block_major(weight: torch.Tensor, width: int = MX_BLOCK) -> torch.Tensor:
+    """MXFP8 weights [..., N, K] laid out block-major: storage [..., K/width, N, width], so that one width-wide
+    input block of consecutive rows is one contiguous run (the MXFP8 kernels load a K step a block at a time);
+    returned as the view [..., N, K/width, width] the kernels read (kernels/mxfp8.block_stride). row_major()
+    undoes it. width: 32 for MXFP8, 16 for NVFP4 codes held as e4m3 bytes (e2m1_as_e4m3)."""
     *lead, n, k = weight.shape
-    return weight.reshape(*lead, n, k // MX_BLOCK, MX_BLOCK).transpose(-3, -2).contiguous().transpose(-3, -2)
+    return weight.reshape(*lead, n, k // width, width).transpose(-3, -2).contiguous().transpose(-3, -2)
 
 
 def row_major(weight: torch.Tensor) -> torch.Tensor:
@@ -66,13 +67,28 @@ def row_major(weight: torch.Tensor) -> torch.Tensor:
 
 def dequant_nvfp4(packed: torch.Tensor, scale: torch.Tensor, scale_2: torch.Tensor,
                   dtype: torch.dtype) -> torch.Tensor:
-    """uint8 [out, in/2] (two E2M1 a byte) with e4m3 [out, in/16] and fp32 scale_2 -> dtype [out, in];
-    scale_2 is one scalar, or one per row ([..., out]: stacked experts with their own global scales)."""
-    w = unpack_e2m1(packed)
+    """uint8 [out, in/2] (two E2M1 a byte; or the codes as e4m3 bytes [out, in], e2m1_as_e4m3, row- or
+    block-major) with e4m3 [out, in/16] and fp32 scale_2 -> dtype [out, in]; scale_2 is one scalar, or one per
+    row ([..., out]: stacked experts with their own global scales)."""
+    if packed.dtype == torch.float8_e4m3fn:
+        w = (row_major(packed) if packed.dim() == scale.dim() + 1 else packed).to(torch.float32)
+    else:
+        w = unpack_e2m1(packed)
     _check_blocks(w.shape, scale.shape, NV_BLOCK, "NVFP4")
     g = scale_2.to(torch.float32)
     s = scale.to(torch.float32) * (g.reshape(()) if g.numel() == 1 else g.unsqueeze(-1))
     return (w.unflatten(-1, (-1, NV_BLOCK)) * s.unsqueeze(-1)).flatten(-2).to(dtype)
+
+
+def e2m1_as_e4m3(packed: torch.Tensor) -> torch.Tensor:
+    """Packed E2M1 codes uint8 [..., K/2] -> float8_e4m3fn [..., K], each code as the e4m3 byte of its value:
+    exact (every E2M1 value is an e4m3 value), so the NVFP4 scales apply unchanged. e4m3_as_e2m1 undoes it."""
+    return unpack_e2m1(packed).to(torch.float8_e4m3fn)
+
+
+def e4m3_as_e2m1(codes: torch.Tensor) -> torch.Tensor:
+    """float8_e4m3fn [..., K] holding E2M1 values (e2m1_as_e4m3) -> their packed codes uint8 [..., K/2]."""
+    return pack_e2m1(round_to_e2m1_codes(codes.to(torch.float32)))
 
 
 def quant_mxfp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -57,12 +57,14 @@ NORMS_ROUTERS = 773_376 * 2 + SPARSE * E * (H + 1) * 4  # norms bf16, routers + 
     (WeightFormat.BF16, (LINEAR_TP8 + EXPERTS_TP8) * 2 + VOCAB_TP8 + NORMS_ROUTERS),  # 106,930,768,896
     (WeightFormat.MXFP8, (LINEAR_TP8 + EXPERTS_TP8) * 33 // 32 + VOCAB_TP8 + NORMS_ROUTERS),
     (WeightFormat.NVFP4_EXPERTS, LINEAR_TP8 * 33 // 32 + EXPERTS_TP8 * 9 // 16 + VOCAB_TP8 + NORMS_ROUTERS),
+    (WeightFormat.NVFP4_EXPERTS_E4M3, LINEAR_TP8 * 33 // 32 + EXPERTS_TP8 * 17 // 16 + VOCAB_TP8 + NORMS_ROUTERS),
 ])
 def test_bytes_per_rank_at_tp8(m3, fmt, expected):
     plan = plan_memory(m3, PlanSettings(tp=8, weights=fmt))
     assert plan.weight_bytes == expected
     assert plan.parts["routed_experts"] == {WeightFormat.BF16: EXPERTS_TP8 * 2, WeightFormat.MXFP8:
-                                            EXPERTS_TP8 * 33 // 32}.get(fmt, EXPERTS_TP8 * 9 // 16)
+                                            EXPERTS_TP8 * 33 // 32, WeightFormat.NVFP4_EXPERTS_E4M3:
+                                            EXPERTS_TP8 * 17 // 16}.get(fmt, EXPERTS_TP8 * 9 // 16)
 
 
 def test_bf16_tp8_is_the_issue_figure(m3):
@@ -133,6 +135,22 @@ def test_weight_format_auto_reads_the_checkpoint():
     assert weight_format_for(ModelConfig.from_pretrained(FIXTURES / "vl-mxfp8.json")) is WeightFormat.MXFP8
     assert weight_format_for(ModelConfig.from_pretrained(FIXTURES / "vl-nvfp4.json")) is WeightFormat.NVFP4_EXPERTS
     assert weight_format_for(ModelConfig.from_pretrained(FIXTURES / "vl-bf16.json")) is WeightFormat.BF16
+
+
+def test_nvfp4_codes_held_as_e4m3_are_planned_so(monkeypatch):
+    """M3BENCH_NV_CODES=e4m3: the NVFP4 release's experts take a byte a weight, and the plan counts it; a bad
+    value is a one-line input error."""
+    from m3bench.runtime import nv_codes
+
+    nvfp4 = ModelConfig.from_pretrained(FIXTURES / "vl-nvfp4.json")
+    monkeypatch.setattr(nv_codes, "NV_CODES", {})
+    monkeypatch.setenv(nv_codes.NV_CODES_ENV, "e4m3")
+    assert weight_format_for(nvfp4) is WeightFormat.NVFP4_EXPERTS_E4M3
+    assert weight_format_for(ModelConfig.from_pretrained(FIXTURES / "vl-mxfp8.json")) is WeightFormat.MXFP8
+    monkeypatch.setattr(nv_codes, "NV_CODES", {})
+    monkeypatch.setenv(nv_codes.NV_CODES_ENV, "nibbles")
+    with pytest.raises(InputError, match="M3BENCH_NV_CODES='nibbles': expected one of"):
+        weight_format_for(nvfp4)
 
 
 @pytest.mark.parametrize("settings, message", [

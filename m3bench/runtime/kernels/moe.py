@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from m3bench.runtime import quant
 from m3bench.runtime.kernels import reference
 from m3bench.runtime.kernels.backend import (
     KernelBackend,
@@ -75,9 +76,22 @@ class SharedExpert:
         return h @ self.w_down.to(cdt).T
 
 
-def _fmt_code(scales: MoeScales | None) -> int:
-    """The kernels' FMT: 0 plain, 1 MXFP8, 2 NVFP4."""
-    return 0 if scales is None else 2 if scales.nvfp4 else 1
+def _fmt_code(scales: MoeScales | None, w: torch.Tensor) -> int:
+    """The kernels' FMT for experts w with these scales: 0 plain, 1 MXFP8, 2 NVFP4 (packed codes), 3 NVFP4 with its
+    codes as e4m3 bytes (quant.e2m1_as_e4m3)."""
+    if scales is None:
+        return 0
+    if scales.nvfp4:
+        return 3 if w.dtype == torch.float8_e4m3fn else 2
+    return 1
+
+
+def _sub_block(fmt: int) -> int:
+    """The first-generation kernels' sub-dot width: one scale block (MXFP8 32, NVFP4 16)."""
+    return quant.NV_BLOCK if fmt == 3 else quant.MX_BLOCK
+
+
+NV_CODES_BLOCK_K = 64  # FMT 3: four 16-wide sub-blocks a K step (mx_block_steps' most)
 
 
 @dataclass(frozen=True)
@@ -189,6 +203,8 @@ def fused_moe(
     if tiles is None and (scales is None or first_generation(scales, w_gate)):
         tiles = first_generation_tiles(*topk_ids.shape, w_gate.shape[0], w_gate.shape[1], x.shape[1],
                                        scales is not None, shared.inter if shared else 0)
+    if isinstance(tiles, MoeTiles) and _fmt_code(scales, w_gate) == 3 and tiles.block_k > NV_CODES_BLOCK_K:
+        tiles = replace(tiles, block_k=NV_CODES_BLOCK_K)
     if scales is not None and not isinstance(tiles, MoeTiles):  # quantized: the tile-dequantizing kernels
         from m3bench.runtime.kernels.moe_quant import fused_moe_quant
 
@@ -203,7 +219,7 @@ def fused_moe(
         sorted_ids, block_expert, n_post = moe_align(ids, n_exp, tiles.block_m, n_shared)
     else:  # aligned by the router's kernel for these tiles
         sorted_ids, block_expert, n_post = alignment.sorted_ids, alignment.block_expert, alignment.n_post
-    inter = x.new_empty((sorted_ids.shape[0], w_gate.shape[1]), dtype=_inter_dtype(x, scales, activation))
+    inter = x.new_empty((sorted_ids.shape[0], w_gate.shape[1]), dtype=_inter_dtype(x, scales, activation, w_gate))
     _launch_gate_up(x, w_gate, w_up, inter, sorted_ids, block_expert, n_post, top_k, activation,
                     alpha, limit, tiles, scales, shared)
     y = x.new_empty((n_tok * top_k + n_shared, w_down.shape[1]), dtype=torch.float32)
@@ -216,8 +232,10 @@ def fused_moe(
 
 def first_generation(scales: MoeScales, w_gate: torch.Tensor) -> bool:
     """Quantized experts without given tiles run the first-generation kernels (kernels/moe_triton.py): the
-    generation picked for their format, or block-major weights (only those kernels read them)."""
-    return moe_generation(scales.gate_global is not None) is QuantKernels.V1 or w_gate.dim() == 4
+    generation picked for their format, or block-major weights, or NVFP4 codes as e4m3 bytes (only those kernels
+    read them)."""
+    return (moe_generation(scales.gate_global is not None) is QuantKernels.V1 or w_gate.dim() == 4
+            or _fmt_code(scales, w_gate) == 3)
 
 
 def _addend(add) -> torch.Tensor | None:
@@ -231,11 +249,12 @@ def _added(y: torch.Tensor, add: torch.Tensor, out: torch.Tensor | None) -> torc
     return s if out is None else out.copy_(s)
 
 
-def _inter_dtype(x: torch.Tensor, scales: MoeScales | None, activation: MoeActivation) -> torch.dtype:
+def _inter_dtype(x: torch.Tensor, scales: MoeScales | None, activation: MoeActivation, w: torch.Tensor) -> torch.dtype:
     """The gate|up output's dtype: fp16 where the down GEMM's MXFP8 sub-dots run in fp16 (mxfp8_triton.act_block)
     and the activation bounds it (swigluoai: |h| <= limit * (limit + 1), far below fp16's 65504; fp16 also keeps
     3 more mantissa bits than bf16), else x's."""
-    if _fmt_code(scales) == 1 and x.dtype == torch.bfloat16 and activation is MoeActivation.SWIGLUOAI and not interpreting():
+    if (_fmt_code(scales, w) in (1, 3) and x.dtype == torch.bfloat16 and activation is MoeActivation.SWIGLUOAI
+            and not interpreting()):
         return torch.float16
     return x.dtype
 
@@ -309,14 +328,14 @@ def _launch_gate_up(x, wg, wu, inter, sorted_ids, block_expert, n_post, top_k, a
         x.stride(0), wg.stride(0), wg.stride(1), wu.stride(0), wu.stride(1), inter.stride(0),
         sg, su, sge, sgn, sue, sun, gg, gu, gge, gue,
         n_routed, ws.w_gate, ws.w_up, ws.w_gate.stride(-2), ws.w_up.stride(-2), part,
-        part.stride(0) if split > 1 else 0, part.stride(1) if split > 1 else 0, block_stride(wg, 3),
-        block_stride(wu, 3),
+        part.stride(0) if split > 1 else 0, part.stride(1) if split > 1 else 0,
+        block_stride(wg, 3, _sub_block(_fmt_code(scales, wg))), block_stride(wu, 3, _sub_block(_fmt_code(scales, wu))),
         H=hidden, I=n_inter, TOPK=top_k, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
         BLOCK_K=tiles.block_k, ACT=ACT_CODE[act], F32=x.dtype == torch.float32 or interpreting(),
-        FMT=_fmt_code(scales), SHARED=shared is not None, E_R=wg.shape[0] if shared is not None else -1,
+        FMT=_fmt_code(scales, wg), SHARED=shared is not None, E_R=wg.shape[0] if shared is not None else -1,
         I_S=shared.inter if shared is not None else 0, SPLIT=split,
-        SPLIT_R=tiles.split_k_routed if split > 1 else 1, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
-        **pdl_args(x),
+        SPLIT_R=tiles.split_k_routed if split > 1 else 1, SB=_sub_block(_fmt_code(scales, wg)),
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages, **pdl_args(x),
     )
     if split > 1:
         _launch_act(part, inter, sorted_ids, block_expert, n_post, n_all, act, alpha, limit, tiles, wg.shape[0],
@@ -356,12 +375,12 @@ def _launch_down(inter, wd, y, sorted_ids, block_expert, n_post, weights, tiles,
     moe_down_kernel[grid](
         inter, wd, y, sorted_ids, block_expert, n_post, weights, y.shape[0],
         inter.stride(0), wd.stride(0), wd.stride(1), y.stride(0), sd, sde, sdn, gd, gde,
-        weights.shape[0], wsd, wsd.stride(-2), block_stride(wd, 3),
+        weights.shape[0], wsd, wsd.stride(-2), block_stride(wd, 3, _sub_block(_fmt_code(scales, wd))),
         I=n_inter, H=hidden, BLOCK_M=tiles.block_m, BLOCK_N=tiles.n_down, BLOCK_K=tiles.block_k,
-        F32=inter.dtype == torch.float32 or interpreting(), FMT=_fmt_code(scales),
+        F32=inter.dtype == torch.float32 or interpreting(), FMT=_fmt_code(scales, wd),
         SHARED=shared is not None, E_R=wd.shape[0] if shared is not None else -1,
-        I_S=shared.inter if shared is not None else 0, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
-        **pdl_args(inter),
+        I_S=shared.inter if shared is not None else 0, SB=_sub_block(_fmt_code(scales, wd)),
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages, **pdl_args(inter),
     )
 
 

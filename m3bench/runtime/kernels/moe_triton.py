@@ -8,7 +8,9 @@ the gate+up reduction into K chunks (SPLIT for the shared expert, SPLIT_R for ro
 enumerates N tiles x chunks), writes fp32 partials by pair and `moe_act_kernel` sums them and applies the activation. Expert weights [E, I, H] (gate, up) and
 [E, H, I] (down), contiguous along the reduction dim. FMT 1 (MXFP8): float8_e4m3fn weights and E8M0
 scales [E, I, H/32] / [E, H, I/32]; FMT 2 (NVFP4): packed uint8 [E, I, H/2] / [E, H, I/2], e4m3 scales
-per 16 inputs and an fp32 global scale per row [E, I] / [E, H]; both dequantized in registers. Grids are static upper bounds; programs
+per 16 inputs and an fp32 global scale per row [E, I] / [E, H]; FMT 3: NVFP4 with its codes as e4m3 bytes
+(quant.e2m1_as_e4m3), run as FMT 1 with 16-wide sub-dots (SB) scaled by scale x global; all dequantized in
+registers. Grids are static upper bounds; programs
 past the padded pair count (read on the device) exit at once.
 """
 
@@ -18,13 +20,12 @@ import triton.language as tl
 from m3bench.runtime.kernels.kv_tiles_triton import mma
 from m3bench.runtime.kernels.moe_quant_triton import pair_block, swiglu
 from m3bench.runtime.kernels.mxfp8_triton import (
-    MX_BLOCK,
     act_block,
-    mx_block_steps,
     mx_dot,
     mx_subdot,
     mx_weight_blocks,
     nv_weight_tile,
+    sub_block_steps,
 )
 from m3bench.runtime.kernels.pdl_triton import pdl_wait
 
@@ -92,11 +93,12 @@ def moe_gate_up_kernel(
     H: tl.constexpr, I: tl.constexpr, TOPK: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACT: tl.constexpr, F32: tl.constexpr, FMT: tl.constexpr,
     SHARED: tl.constexpr, E_R: tl.constexpr, I_S: tl.constexpr, SPLIT: tl.constexpr, SPLIT_R: tl.constexpr,
-    PDL: tl.constexpr,
+    SB: tl.constexpr, PDL: tl.constexpr,
 ):
     """inter[slot, n] = act(x[tok] . wg[e, n], x[tok] . wu[e, n]) for the block's slots (SPLIT > 1:
     the fp32 partials of one K chunk into part[chunk, pair]; SPLIT chunks for the shared expert,
-    SPLIT_R for a routed one, the grid's dim 1 spanning N tiles x chunks of the larger of the two)."""
+    SPLIT_R for a routed one, the grid's dim 1 spanning N tiles x chunks of the larger of the two). FMT 1 and 3
+    run SB-wide sub-dots (mxfp8_triton.mx_subdot)."""
     pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
     pid_m = tl.program_id(0)
     if pid_m * BLOCK_M >= tl.load(n_post_ptr):
@@ -124,19 +126,20 @@ def moe_gate_up_kernel(
     n_ok = n < n_lim
     acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    G: tl.constexpr = BLOCK_K // MX_BLOCK
-    if FMT == 1:  # MXFP8 scales, each K step's loaded one step ahead
+    G: tl.constexpr = BLOCK_K // SB
+    if FMT == 1 or FMT == 3:  # MXFP8 scales (NVFP4's scale x global), each K step's loaded one step ahead
         sg_rows, su_rows = sg_ptr + e * s_sge + n * s_sgn, su_ptr + e * s_sue + n * s_sun
-        steps_g = mx_block_steps(sg_rows, n_ok, k_lo, H, G)
-        steps_u = mx_block_steps(su_rows, n_ok, k_lo, H, G)
+        gg_rows, gu_rows = gg_ptr + e * s_gge + n, gu_ptr + e * s_gue + n
+        steps_g = sub_block_steps(sg_rows, gg_rows, n_ok, k_lo, H, G, FMT)
+        steps_u = sub_block_steps(su_rows, gu_rows, n_ok, k_lo, H, G, FMT)
     for k0 in range(k_lo, k_hi, BLOCK_K):
-        if FMT == 1:  # MXFP8: 32-wide sub-dots, each scaled by its E8M0 block; one activation block for both
-            next_g = mx_block_steps(sg_rows, n_ok, k0 + BLOCK_K, H, G)
-            next_u = mx_block_steps(su_rows, n_ok, k0 + BLOCK_K, H, G)
-            qg = mx_weight_blocks(wg_ptr + e * s_ge + n[:, None] * s_gn, s_gb, n_ok, k0, H, BLOCK_K)
-            qu = mx_weight_blocks(wu_ptr + e * s_ue + n[:, None] * s_un, s_ub, n_ok, k0, H, BLOCK_K)
+        if FMT == 1 or FMT == 3:  # SB-wide sub-dots, each scaled by its block's multiplier; one activation block for both
+            next_g = sub_block_steps(sg_rows, gg_rows, n_ok, k0 + BLOCK_K, H, G, FMT)
+            next_u = sub_block_steps(su_rows, gu_rows, n_ok, k0 + BLOCK_K, H, G, FMT)
+            qg = mx_weight_blocks(wg_ptr + e * s_ge + n[:, None] * s_gn, s_gb, n_ok, k0, H, BLOCK_K, SB)
+            qu = mx_weight_blocks(wu_ptr + e * s_ue + n[:, None] * s_un, s_ub, n_ok, k0, H, BLOCK_K, SB)
             for j in tl.static_range(G):
-                kk = k0 + j * MX_BLOCK + tl.arange(0, MX_BLOCK)
+                kk = k0 + j * SB + tl.arange(0, SB)
                 a = act_block(x_ptr + tok[:, None] * s_xt, kk, row_ok[:, None] & (kk < H)[None, :], F32)
                 acc_g = mx_subdot(acc_g, a, qg[j], steps_g[j], F32)
                 acc_u = mx_subdot(acc_u, a, qu[j], steps_u[j], F32)
@@ -199,7 +202,7 @@ def moe_down_kernel(
     s_it, s_de, s_dn, s_yp, sd_ptr, s_sde, s_sdn, gd_ptr, s_gde, n_routed, wsd_ptr, s_wsd, s_db,
     I: tl.constexpr, H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, F32: tl.constexpr, FMT: tl.constexpr,
-    SHARED: tl.constexpr, E_R: tl.constexpr, I_S: tl.constexpr, PDL: tl.constexpr,
+    SHARED: tl.constexpr, E_R: tl.constexpr, I_S: tl.constexpr, SB: tl.constexpr, PDL: tl.constexpr,
 ):
     """y[pair, n] = routing_weight[pair] * inter[slot] . wd[e, n] (the shared expert's pairs: weight 1)."""
     pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
@@ -215,14 +218,14 @@ def moe_down_kernel(
     n_ok = n < H
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     rows = slots[:, None].to(tl.int64) * s_it
-    if FMT == 1:  # MXFP8 scales, each K step's loaded one step ahead
-        sd_rows = sd_ptr + e * s_sde + n * s_sdn
-        steps = mx_block_steps(sd_rows, n_ok, 0, I, BLOCK_K // MX_BLOCK)
+    if FMT == 1 or FMT == 3:  # MXFP8 scales (NVFP4's scale x global), each K step's loaded one step ahead
+        sd_rows, gd_rows = sd_ptr + e * s_sde + n * s_sdn, gd_ptr + e * s_gde + n
+        steps = sub_block_steps(sd_rows, gd_rows, n_ok, 0, I, BLOCK_K // SB, FMT)
     for k0 in range(0, k_end, BLOCK_K):
-        if FMT == 1:  # MXFP8: 32-wide sub-dots, each scaled by its E8M0 block
-            next_steps = mx_block_steps(sd_rows, n_ok, k0 + BLOCK_K, I, BLOCK_K // MX_BLOCK)
+        if FMT == 1 or FMT == 3:  # SB-wide sub-dots, each scaled by its block's multiplier
+            next_steps = sub_block_steps(sd_rows, gd_rows, n_ok, k0 + BLOCK_K, I, BLOCK_K // SB, FMT)
             acc = mx_dot(acc, inter_ptr + rows, wd_ptr + e * s_de + n[:, None] * s_dn, s_db, steps, n_ok, row_ok,
-                         k0, I, F32, BLOCK_K)
+                         k0, I, F32, BLOCK_K, SB)
             steps = next_steps
         else:
             kk = k0 + tl.arange(0, BLOCK_K)

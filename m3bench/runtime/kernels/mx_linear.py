@@ -100,11 +100,11 @@ def split_counters(device: torch.device, lane: int | None = None) -> torch.Tenso
                      if device.type == "cuda" else device, current_lane() if lane is None else lane)
 
 
-def block_stride(w: torch.Tensor, dims: int) -> int:
-    """The stride between a row's 32-wide input blocks of MXFP8 weights of `dims` dims ([N, K]: 2, experts
-    [E, N, K]: 3): 32 row-major; a block-major view ([..., N, K/32, 32] over [..., K/32, N, 32] storage,
-    quant.block_major) has one more dim and its own block stride."""
-    return w.stride(-2) if w.dim() == dims + 1 else 32
+def block_stride(w: torch.Tensor, dims: int, width: int = 32) -> int:
+    """The stride between a row's width-wide input blocks (32: MXFP8; 16: NVFP4 codes as e4m3 bytes) of weights
+    of `dims` dims ([N, K]: 2, experts [E, N, K]: 3): the width row-major; a block-major view ([..., N, K/w, w]
+    over [..., K/w, N, w] storage, quant.block_major) has one more dim and its own block stride."""
+    return w.stride(-2) if w.dim() == dims + 1 else width
 
 
 def check_split(t: MxTiles, m: int, n: int, k: int) -> None:

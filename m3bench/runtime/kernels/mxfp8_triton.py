@@ -24,7 +24,31 @@ def mx_block_steps(s_rows, n_ok, k0, K, G: tl.constexpr):
     the tiles). As fp32 bit patterns (mx_tiles_triton.e8m0_scale): no exp2."""
     blk = k0 // MX_BLOCK + tl.arange(0, G)
     raw = tl.load(s_rows[:, None] + blk[None, :], mask=n_ok[:, None] & (blk * MX_BLOCK < K)[None, :], other=0)
-    f = e8m0_scale(raw)
+    return _four(e8m0_scale(raw), G)
+
+
+@triton.jit
+def nv_block_steps(s_rows, g_rows, n_ok, k0, K, G: tl.constexpr):
+    """mx_block_steps for NVFP4 codes held as e4m3 bytes: each 16-wide block's e4m3 scale x its row's fp32 global
+    (g_rows [BLOCK_N]), a 4-tuple of fp32 [BLOCK_N], 0 past K."""
+    blk = k0 // NV_BLOCK + tl.arange(0, G)
+    raw = tl.load(s_rows[:, None] + blk[None, :], mask=n_ok[:, None] & (blk * NV_BLOCK < K)[None, :], other=0.0)
+    return _four(raw.to(tl.float32) * tl.load(g_rows, mask=n_ok, other=0.0)[:, None], G)
+
+
+@triton.jit
+def sub_block_steps(s_rows, g_rows, n_ok, k0, K, G: tl.constexpr, FMT: tl.constexpr):
+    """The multipliers of a K step's G sub-blocks: MXFP8's powers of two (FMT 1) or NVFP4's scale x global (FMT 3,
+    the codes as e4m3 bytes)."""
+    if FMT == 3:
+        return nv_block_steps(s_rows, g_rows, n_ok, k0, K, G)
+    else:
+        return mx_block_steps(s_rows, n_ok, k0, K, G)
+
+
+@triton.jit
+def _four(f, G: tl.constexpr):
+    """[BLOCK_N, G] (G 1, 2 or 4) as a 4-tuple of its columns (G < 4: the tuple repeats)."""
     if G == 1:
         s0 = tl.reshape(f, (f.shape[0],))
         return s0, s0, s0, s0
@@ -51,29 +75,30 @@ def act_block(a_rows, kk, a_ok, F32: tl.constexpr):
 
 
 @triton.jit
-def mx_weight_blocks(w_rows, s_blk, n_ok, k0, K, BLOCK_K: tl.constexpr):
+def mx_weight_blocks(w_rows, s_blk, n_ok, k0, K, BLOCK_K: tl.constexpr, SB: tl.constexpr = MX_BLOCK):
     """The fp8 weights of rows w_rows [BLOCK_N, 1] at inputs k0 + [0, BLOCK_K) as their G (1, 2 or 4) 32-wide
     blocks: a 4-tuple of [BLOCK_N, 32] tiles (G < 4 repeats), each loaded on its own. A row's block b starts at
     w_rows + b * s_blk: 32 in the row-major layout [N, K], N * 32 in the block-major one (quant.block_major:
     [K/32, N, 32], where a block's tile is one contiguous run of BLOCK_N x 32 bytes). Loaded a block at a time,
     the tiles keep 32-byte rows in shared memory, which the dot operand reads without bank conflicts (a whole
-    [BLOCK_N, 128] tile's 128-byte rows were read 4-way conflicted: H200 ncu, L1 82% busy, the MoE 1.2x slower)."""
-    G: tl.constexpr = BLOCK_K // MX_BLOCK
-    w0 = _mx_block(w_rows, s_blk, n_ok, k0, K, 0)
+    [BLOCK_N, 128] tile's 128-byte rows were read 4-way conflicted: H200 ncu, L1 82% busy, the MoE 1.2x slower).
+    SB: the block width, 32 (MXFP8) or 16 (NVFP4 codes as e4m3 bytes; quant.block_major with width 16)."""
+    G: tl.constexpr = BLOCK_K // SB
+    w0 = _mx_block(w_rows, s_blk, n_ok, k0, K, 0, SB)
     if G == 1:
         return w0, w0, w0, w0
-    w1 = _mx_block(w_rows, s_blk, n_ok, k0, K, 1)
+    w1 = _mx_block(w_rows, s_blk, n_ok, k0, K, 1, SB)
     if G == 2:
         return w0, w1, w0, w1
-    return w0, w1, _mx_block(w_rows, s_blk, n_ok, k0, K, 2), _mx_block(w_rows, s_blk, n_ok, k0, K, 3)
+    return w0, w1, _mx_block(w_rows, s_blk, n_ok, k0, K, 2, SB), _mx_block(w_rows, s_blk, n_ok, k0, K, 3, SB)
 
 
 @triton.jit
-def _mx_block(w_rows, s_blk, n_ok, k0, K, j: tl.constexpr):
-    """Block j of the K step at k0 (a multiple of 32) of the rows: [BLOCK_N, 32] fp8, 0 past K."""
-    k = k0 + j * MX_BLOCK
-    i = tl.arange(0, MX_BLOCK)
-    return tl.load(w_rows + (k // MX_BLOCK) * s_blk + i[None, :], mask=n_ok[:, None] & (k + i < K)[None, :], other=0.0)
+def _mx_block(w_rows, s_blk, n_ok, k0, K, j: tl.constexpr, SB: tl.constexpr):
+    """Block j of the K step at k0 (a multiple of SB) of the rows: [BLOCK_N, SB] fp8, 0 past K."""
+    k = k0 + j * SB
+    i = tl.arange(0, SB)
+    return tl.load(w_rows + (k // SB) * s_blk + i[None, :], mask=n_ok[:, None] & (k + i < K)[None, :], other=0.0)
 
 
 @triton.jit
@@ -84,14 +109,15 @@ def mx_subdot(acc, a, w, step, F32: tl.constexpr):
 
 
 @triton.jit
-def mx_dot(acc, a_rows, w_rows, s_blk, steps, n_ok, row_ok, k0, K, F32: tl.constexpr, BLOCK_K: tl.constexpr):
+def mx_dot(acc, a_rows, w_rows, s_blk, steps, n_ok, row_ok, k0, K, F32: tl.constexpr, BLOCK_K: tl.constexpr,
+           SB: tl.constexpr = MX_BLOCK):
     """acc + a[:, k0:k0+BLOCK_K] . dequant(w)[n, k0:k0+BLOCK_K]^T as one 32-wide sub-dot per E8M0 block
     (mx_weight_blocks; s_blk: the weights' block stride), each fp32 partial scaled by its block's power of two
     (steps: mx_block_steps at k0; exact), so no per-element scale. `a_rows` [BLOCK_M, 1] and `w_rows`
-    [BLOCK_N, 1] point at the rows' starts."""
-    w = mx_weight_blocks(w_rows, s_blk, n_ok, k0, K, BLOCK_K)
-    for j in tl.static_range(BLOCK_K // MX_BLOCK):
-        kk = k0 + j * MX_BLOCK + tl.arange(0, MX_BLOCK)
+    [BLOCK_N, 1] point at the rows' starts. SB: the sub-block width (mx_weight_blocks)."""
+    w = mx_weight_blocks(w_rows, s_blk, n_ok, k0, K, BLOCK_K, SB)
+    for j in tl.static_range(BLOCK_K // SB):
+        kk = k0 + j * SB + tl.arange(0, SB)
         a = act_block(a_rows, kk, row_ok[:, None] & (kk < K)[None, :], F32)
         acc = mx_subdot(acc, a, w[j], steps[j], F32)
     return acc

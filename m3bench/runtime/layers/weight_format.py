@@ -12,6 +12,10 @@ linear.py and moe.py read `current_linear_format()` when they allocate.
 MXFP8 weights load row-major ([N, K], as stored) and are then laid out as `MX_LAYOUT` says
 (`set_mx_layout`): BLOCK_MAJOR keeps each 32-wide input block of consecutive rows contiguous
 (quant.block_major), so the kernels' per-block tile loads read whole lines; the kernels read either.
+NVFP4 experts load packed (two E2M1 codes a byte, as stored) and are then held as `NV_CODES` says
+(`set_nv_codes`): PACKED, run by the tile-dequantizing kernels (kernels/moe_quant.py), or E4M3, each code as the
+e4m3 byte of its value (exact; twice the bytes), run by the first-generation kernels with 16-wide sub-dots and laid
+out as MX_LAYOUT says (16-wide blocks).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from torch import nn
 
 from m3bench.runtime import quant
 from m3bench.runtime.errors import ConfigError
+from m3bench.runtime.nv_codes import NvCodes, nv_codes
 
 
 class LinearFormat(Enum):
@@ -55,6 +60,45 @@ MX_LAYOUT = {"layout": MxLayout.BLOCK_MAJOR}
 MX_WEIGHTS = (("weight", "weight_scale"), ("w_gate_up", "w_gate_up_scale"), ("w_down", "w_down_scale"))
 
 
+NV_WEIGHTS = (("w_gate_up", "w_gate_up_scale", "w_gate_up_global"), ("w_down", "w_down_scale", "w_down_global"))
+
+
+def set_nv_codes(model: nn.Module, codes: NvCodes, layout: MxLayout | None = None) -> int:
+    """Hold every NVFP4 expert weight of the model's modules (NV_WEIGHTS: codes beside e4m3 scales and fp32
+    globals) as `codes` (E4M3: laid out as `layout`, default MX_LAYOUT's, in 16-wide blocks), expert by expert,
+    replacing its parameter; idempotent. Returns how many weights changed."""
+    layout = layout or MX_LAYOUT["layout"]
+    changed = 0
+    for mod in model.modules():
+        for w_name, s_name, g_name in NV_WEIGHTS:
+            w, s = getattr(mod, w_name, None), getattr(mod, s_name, None)
+            if getattr(mod, g_name, None) is None or not isinstance(w, torch.Tensor):
+                continue
+            if _nv_held(w, s, layout) is codes:
+                continue
+            data = torch.stack([_nv_expert(w.data[e], s.dim() - 1, codes) for e in range(w.shape[0])])
+            if codes is NvCodes.E4M3 and layout is MxLayout.BLOCK_MAJOR:  # the stack of views is row-major again
+                data = quant.block_major(data, quant.NV_BLOCK)
+            setattr(mod, w_name, nn.Parameter(data, requires_grad=False))
+            changed += 1
+    return changed
+
+
+def _nv_held(w: torch.Tensor, s: torch.Tensor, layout: MxLayout) -> NvCodes | None:
+    """How stacked expert codes w are held: PACKED, E4M3 in `layout`, or None (E4M3 in the other layout)."""
+    if w.dtype == torch.uint8:
+        return NvCodes.PACKED
+    return NvCodes.E4M3 if (w.dim() == s.dim() + 1) == (layout is MxLayout.BLOCK_MAJOR) else None
+
+
+def _nv_expert(w: torch.Tensor, dims: int, codes: NvCodes) -> torch.Tensor:
+    """One expert's codes ([R, K/2] packed, or e4m3 [R, K] / its block-major view) as `codes`, row-major."""
+    if w.dtype == torch.uint8:
+        return quant.e2m1_as_e4m3(w) if codes is NvCodes.E4M3 else w
+    rows = quant.row_major(w) if w.dim() == dims + 1 else w
+    return rows if codes is NvCodes.E4M3 else quant.e4m3_as_e2m1(rows)
+
+
 def set_mx_layout(model: nn.Module, layout: MxLayout) -> int:
     """Lay every MXFP8 weight of the model's modules (MX_WEIGHTS: a float8_e4m3fn weight beside its E8M0 scale)
     out as `layout`, replacing its parameter; idempotent. Returns how many weights moved."""
@@ -63,6 +107,8 @@ def set_mx_layout(model: nn.Module, layout: MxLayout) -> int:
         for w_name, s_name in MX_WEIGHTS:
             w, s = getattr(mod, w_name, None), getattr(mod, s_name, None)
             if not isinstance(w, torch.Tensor) or s is None or w.dtype != torch.float8_e4m3fn:
+                continue
+            if getattr(mod, f"{w_name}_global", None) is not None:  # NVFP4 codes held as e4m3: set_nv_codes
                 continue
             if (w.dim() == s.dim() + 1) == (layout is MxLayout.BLOCK_MAJOR):
                 continue
@@ -74,10 +120,13 @@ def set_mx_layout(model: nn.Module, layout: MxLayout) -> int:
 
 @contextmanager
 def mx_loading(model: nn.Module) -> Iterator[None]:
-    """Loading fills row-major MXFP8 weights; afterwards they take the process's MX_LAYOUT."""
+    """Loading fills row-major MXFP8 weights and packed NVFP4 experts; afterwards they take the process's MX_LAYOUT
+    and NV_CODES."""
     set_mx_layout(model, MxLayout.ROW_MAJOR)
+    set_nv_codes(model, NvCodes.PACKED)
     yield
     set_mx_layout(model, MX_LAYOUT["layout"])
+    set_nv_codes(model, nv_codes())
 
 
 _FORMAT: ContextVar[LinearFormat] = ContextVar("linear_format", default=LinearFormat.PLAIN)

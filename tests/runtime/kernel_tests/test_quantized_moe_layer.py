@@ -63,3 +63,36 @@ def test_decode_runs_each_format_on_its_kernels(tmp_path, monkeypatch, quant):
     else:  # the router's top-k alone, then the tile-dequantizing kernels (fused_moe picks them: no tiles named)
         assert not moe.align_fusable(x) and seen["quant"] == 1 and seen["tiles"] == [None]
     assert torch.allclose(got, want, atol=1e-4 * want.abs().max().item(), rtol=1e-4)
+
+
+def test_nvfp4_codes_held_as_e4m3_decode_like_packed(tmp_path, monkeypatch):
+    """NV_CODES E4M3 (M3BENCH_NV_CODES=e4m3): the loaded NVFP4 experts hold their codes as e4m3 bytes, block-major in
+    16-wide blocks; the torch path gives the packed experts' result exactly; the fused path at decode runs the
+    first-generation kernels on them (FMT 3), aligned by the router's kernel, and matches it; set_nv_codes packs
+    them back bit for bit."""
+    from m3bench.runtime import nv_codes
+    from m3bench.runtime.layers import weight_format as wf
+
+    path = write_tiny_checkpoint(tmp_path / "nv", seed=4, layout=Layout.VL, spec=SPEC, weights=TinyQuant.NVFP4)
+    packed = next(m for m in LLM(path, num_kv_blocks=8, tokens_per_block=16).model.modules()
+                  if isinstance(m, SparseMoe))
+    monkeypatch.setitem(nv_codes.NV_CODES, "codes", wf.NvCodes.E4M3)
+    llm = LLM(path, num_kv_blocks=8, tokens_per_block=16)
+    moe = next(m for m in llm.model.modules() if isinstance(m, SparseMoe))
+    assert moe.w_down.dtype == torch.float8_e4m3fn and moe.w_down.dim() == 4  # [E, H, I/16, 16], block-major
+    x = torch.randn(2, 64, generator=torch.Generator().manual_seed(5))
+    want = packed(x)
+    assert torch.equal(moe(x), want)  # the torch path: the same weights to the bit
+    seen = []
+    real = moe_layer.fused_moe
+    monkeypatch.setattr(moe_layer, "fused_moe", lambda *a, **k: seen.append(k.get("tiles")) or real(*a, **k))
+    moe.kernel_backend = KernelBackend.TRITON
+    got = moe(x)
+    assert moe.align_fusable(x) and seen == [mx_moe_tiles(2 * SPEC.top_k, SPEC.num_experts, SPEC.intermediate_size, 64)]
+    assert torch.allclose(got, want, atol=1e-4 * want.abs().max().item(), rtol=1e-4)
+    moe_layers = SPEC.num_layers - SPEC.num_dense_layers
+    assert wf.set_nv_codes(llm.model, wf.NvCodes.E4M3, wf.MxLayout.ROW_MAJOR) == 2 * moe_layers  # gate|up, down
+    assert moe.w_down.dim() == 3 and wf.set_nv_codes(llm.model, wf.NvCodes.E4M3, wf.MxLayout.ROW_MAJOR) == 0
+    assert torch.allclose(moe(x), want, atol=1e-4 * want.abs().max().item(), rtol=1e-4)  # row-major codes run too
+    assert wf.set_nv_codes(llm.model, wf.NvCodes.PACKED) == 2 * moe_layers
+    assert torch.equal(moe.w_down, packed.w_down) and torch.equal(moe.w_gate_up, packed.w_gate_up)
