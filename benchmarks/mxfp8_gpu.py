@@ -219,7 +219,12 @@ def decode_step_rows(layers_bf16: int, layers_mx: int, batches: tuple[int, ...],
             label = fmt.value if layout is None else f"{fmt.value} {layout.value}"
             if layout is NvCodes.E4M3:  # the experts' codes as e4m3 bytes, block-major (weight_format.set_nv_codes)
                 label = f"{fmt.value} e4m3 codes"
+                meta, ids = decode_meta(s, 2, ctx, dev), torch.arange(2, device=dev)
+                packed = model.compute_logits(model(ids, meta.positions, meta, kv)).float()
                 set_nv_codes(model, NvCodes.E4M3, MxLayout.BLOCK_MAJOR)
+                codes = model.compute_logits(model(ids, meta.positions, meta, kv)).float()
+                print(f"  e4m3 codes against packed, B=2 logits: rel max |diff| "
+                      f"{rel_err(codes, packed):.2e}", flush=True)
             elif layout is not None:
                 set_mx_layout(model, layout)
             for b in batches:
