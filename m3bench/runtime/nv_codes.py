@@ -21,9 +21,9 @@ class NvCodes(Enum):
     E4M3 = "e4m3"  # float8_e4m3fn [..., K], each code as its value's e4m3 byte (exact): the first-generation kernels
 
 
-# The process-wide choice: PACKED unless M3BENCH_NV_CODES=e4m3 (read on first use), until E4M3 is timed on the GPU
-# (docs/performance.md 9d: V2 runs NVFP4 experts at 18-22% of the floor, slower than bf16; the first generation
-# reads MXFP8's bytes at ~80%).
+# The process-wide choice: PACKED unless M3BENCH_NV_CODES=e4m3 (read on first use). H100, one TP8/EP8 rank, 60
+# layers (docs/performance.md 9d): E4M3 steps 1.26 / 1.51 / 1.27x faster than PACKED at B1 / B16 / B64, still
+# below bf16 at B1 and B64, for 1.9x the experts' memory (53.2 against 29.2 GiB of weights a rank): PACKED stays.
 NV_CODES_ENV = "M3BENCH_NV_CODES"
 NV_CODES: dict[str, NvCodes] = {}
 
