@@ -103,6 +103,8 @@ def test_shared_expert_inside_the_fused_moe(n_tok, dtype, tol, monkeypatch):
     g = torch.Generator().manual_seed(12)
     for p in (moe.w_gate_up, moe.w_down, moe.router_weight, moe.shared.gate_up.weight, moe.shared.down.weight):
         p.copy_(torch.randn(p.shape, generator=g) * p.shape[-1] ** -0.5)
+    if moe.router_bias is not None:  # else torch.empty's leftovers (NaN at times): routing that differs by path
+        moe.router_bias.copy_(torch.randn(moe.router_bias.shape, generator=g) * 0.1)
     x = torch.randn(n_tok, cfg.hidden_size, generator=g).to(dtype)
     moe.kernel_backend = KernelBackend.TRITON
     moe.fuse_shared_from_tokens = 1  # the layer's default leaves <= 4 tokens to the shared expert's own GEMMs
