@@ -11,7 +11,7 @@ warm-ups, CUDA events): an achievable rate on that card, not its datasheet peak.
 from __future__ import annotations
 
 import torch
-from decode_floor import peak_source, set_peak_bytes_per_s
+from decode_floor import peak_bytes_per_s, peak_source, set_peak_bytes_per_s
 
 COPY_BYTES = 2 << 30
 COPIES = 10
@@ -43,10 +43,4 @@ def use_device_bandwidth(device: torch.device | str) -> str:
     if device.type == "cuda":
         rate = measure_copy_bytes_per_s(device)
         set_peak_bytes_per_s(rate, f"a device-to-device copy on {torch.cuda.get_device_name(device)}, this run")
-    return f"floor bandwidth {peak_bytes_per_s_tb():.2f} TB/s ({peak_source()})"
-
-
-def peak_bytes_per_s_tb() -> float:
-    from decode_floor import peak_bytes_per_s
-
-    return peak_bytes_per_s() / 1e12
+    return f"floor bandwidth {peak_bytes_per_s() / 1e12:.2f} TB/s ({peak_source()})"

@@ -26,6 +26,8 @@ from m3bench.runtime.memory_plan import (
 )
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
+
+
 def resident_format(cfg: ModelConfig, weights_dtype: WeightsDtype | str) -> WeightFormat:
     """How the runtime holds the checkpoint's weights: natively where it can (memory_plan.native_format: the NVFP4
     release's routed experts NVFP4, its other linear layers MXFP8), else in the model dtype."""

@@ -11,7 +11,8 @@ MLP intermediates split over TP, KV and index heads split or duplicated (fewer h
 index key head replicated, routed experts expert-parallel (E / EP experts a rank; with EP < TP each further
 split by intermediate size over TP / EP ranks: 1/TP of the expert bytes either way), embeddings and
 lm_head by vocabulary. Formats: MXFP8 = 1 byte + one E8M0 byte per 32 inputs; NVFP4 = half a byte + one
-e4m3 byte per 16 inputs (its codes held as e4m3 bytes, runtime.nv_codes: 1 byte + the same); embeddings, lm_head, norms and routers (fp32) are never quantized.
+e4m3 byte per 16 inputs (its codes held as e4m3 bytes, runtime.nv_codes: 1 byte + the same); embeddings,
+lm_head, norms and routers (fp32) are never quantized.
 The KV cache: pages of `page_tokens` (128 = the MSA block), K and V per layer and the index key per MSA
 layer, in the layer's storage format (`kv_cache_dtype` as runtime.kv_cache.KVDtype names it).
 The workspace (activations of one `max_num_tokens` step, logits of `max_num_seqs` rows, CUDA context) and

@@ -85,6 +85,13 @@ def _fill(setup, kv) -> None:
             store.scales.copy_(scales.to(store.scales.dtype))
 
 
+def _step_inputs(setup, s, batch: int):
+    """(decode metadata at CTX, input ids) of a batch's step: the same for every run of that batch."""
+    dev = torch.device("cuda")
+    ids = torch.randint(0, s.vocab, (batch,), generator=torch.Generator().manual_seed(batch)).to(dev)
+    return setup.decode_meta(s, batch, CTX, dev), ids
+
+
 @torch.inference_mode()
 def _replays(setup, model, kv, s, batch: int, ops: str, inline: bool = False) -> list[torch.Tensor]:
     """The step's logits from REPLAYS replays of its CUDA graph, captured under ops' PDL mode (inline: the side
@@ -93,8 +100,7 @@ def _replays(setup, model, kv, s, batch: int, ops: str, inline: bool = False) ->
     from m3bench.runtime.kernels.lanes import inline_lanes
 
     dev = torch.device("cuda")
-    meta = setup.decode_meta(s, batch, CTX, dev)
-    ids = torch.randint(0, s.vocab, (batch,), generator=torch.Generator().manual_seed(batch)).to(dev)
+    meta, ids = _step_inputs(setup, s, batch)
     out = torch.empty(batch, s.vocab, dtype=torch.float32, device=dev)
 
     def step():
@@ -197,9 +203,7 @@ def _same(a, b) -> bool:
 @torch.inference_mode()
 def _eager(setup, model, kv, s, batch: int, ops: str, replay: list | None = None):
     """(the step's logits run eagerly under ops, the same inputs as _replays; its Choices made, or replayed)."""
-    dev = torch.device("cuda")
-    meta = setup.decode_meta(s, batch, CTX, dev)
-    ids = torch.randint(0, s.vocab, (batch,), generator=torch.Generator().manual_seed(batch)).to(dev)
+    meta, ids = _step_inputs(setup, s, batch)
     with setup.pdl_mode(), Choices(model, replay).active() as choices:
         setup.set_ops(model, setup.OpsSet(ops))
         out = model.compute_logits(model(ids, meta.positions, meta, kv)).float()

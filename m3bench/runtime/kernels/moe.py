@@ -317,6 +317,7 @@ def _launch_gate_up(x, wg, wu, inter, sorted_ids, block_expert, n_post, top_k, a
     su, sue, sun = _scale_args(scales and scales.up, wu)
     gg, gge = _global_args(scales and scales.gate_global, wg)
     gu, gue = _global_args(scales and scales.up_global, wu)
+    fmt = _fmt_code(scales, wg)
     n_routed = top_k * x.shape[0]
     n_all = n_routed + (x.shape[0] if shared is not None else 0)
     split = tiles.split_k if shared is not None and scales is None else 1
@@ -329,12 +330,12 @@ def _launch_gate_up(x, wg, wu, inter, sorted_ids, block_expert, n_post, top_k, a
         sg, su, sge, sgn, sue, sun, gg, gu, gge, gue,
         n_routed, ws.w_gate, ws.w_up, ws.w_gate.stride(-2), ws.w_up.stride(-2), part,
         part.stride(0) if split > 1 else 0, part.stride(1) if split > 1 else 0,
-        block_stride(wg, 3, _sub_block(_fmt_code(scales, wg))), block_stride(wu, 3, _sub_block(_fmt_code(scales, wu))),
+        block_stride(wg, 3, _sub_block(fmt)), block_stride(wu, 3, _sub_block(fmt)),
         H=hidden, I=n_inter, TOPK=top_k, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
         BLOCK_K=tiles.block_k, ACT=ACT_CODE[act], F32=x.dtype == torch.float32 or interpreting(),
-        FMT=_fmt_code(scales, wg), SHARED=shared is not None, E_R=wg.shape[0] if shared is not None else -1,
+        FMT=fmt, SHARED=shared is not None, E_R=wg.shape[0] if shared is not None else -1,
         I_S=shared.inter if shared is not None else 0, SPLIT=split,
-        SPLIT_R=tiles.split_k_routed if split > 1 else 1, SB=_sub_block(_fmt_code(scales, wg)),
+        SPLIT_R=tiles.split_k_routed if split > 1 else 1, SB=_sub_block(fmt),
         num_warps=tiles.num_warps, num_stages=tiles.num_stages, **pdl_args(x),
     )
     if split > 1:
@@ -370,16 +371,17 @@ def _launch_down(inter, wd, y, sorted_ids, block_expert, n_post, weights, tiles,
     hidden, n_inter = wd.shape[1], inter.shape[1]
     sd, sde, sdn = _scale_args(scales and scales.down, wd)
     gd, gde = _global_args(scales and scales.down_global, wd)
+    fmt = _fmt_code(scales, wd)
     wsd = wd if shared is None else shared.w_down
     grid = (block_expert.shape[0], math.ceil(hidden / tiles.n_down))
     moe_down_kernel[grid](
         inter, wd, y, sorted_ids, block_expert, n_post, weights, y.shape[0],
         inter.stride(0), wd.stride(0), wd.stride(1), y.stride(0), sd, sde, sdn, gd, gde,
-        weights.shape[0], wsd, wsd.stride(-2), block_stride(wd, 3, _sub_block(_fmt_code(scales, wd))),
+        weights.shape[0], wsd, wsd.stride(-2), block_stride(wd, 3, _sub_block(fmt)),
         I=n_inter, H=hidden, BLOCK_M=tiles.block_m, BLOCK_N=tiles.n_down, BLOCK_K=tiles.block_k,
-        F32=inter.dtype == torch.float32 or interpreting(), FMT=_fmt_code(scales, wd),
+        F32=inter.dtype == torch.float32 or interpreting(), FMT=fmt,
         SHARED=shared is not None, E_R=wd.shape[0] if shared is not None else -1,
-        I_S=shared.inter if shared is not None else 0, SB=_sub_block(_fmt_code(scales, wd)),
+        I_S=shared.inter if shared is not None else 0, SB=_sub_block(fmt),
         num_warps=tiles.num_warps, num_stages=tiles.num_stages, **pdl_args(inter),
     )
 

@@ -133,7 +133,7 @@ def moe_gate_up_kernel(
         steps_g = sub_block_steps(sg_rows, gg_rows, n_ok, k_lo, H, G, FMT)
         steps_u = sub_block_steps(su_rows, gu_rows, n_ok, k_lo, H, G, FMT)
     for k0 in range(k_lo, k_hi, BLOCK_K):
-        if FMT == 1 or FMT == 3:  # SB-wide sub-dots, each scaled by its block's multiplier; one activation block for both
+        if FMT == 1 or FMT == 3:  # SB-wide sub-dots, each scaled by its block's multiplier; one activation block
             next_g = sub_block_steps(sg_rows, gg_rows, n_ok, k0 + BLOCK_K, H, G, FMT)
             next_u = sub_block_steps(su_rows, gu_rows, n_ok, k0 + BLOCK_K, H, G, FMT)
             qg = mx_weight_blocks(wg_ptr + e * s_ge + n[:, None] * s_gn, s_gb, n_ok, k0, H, BLOCK_K, SB)

@@ -88,7 +88,12 @@ def _nv_held(w: torch.Tensor, s: torch.Tensor, layout: MxLayout) -> NvCodes | No
     """How stacked expert codes w are held: PACKED, E4M3 in `layout`, or None (E4M3 in the other layout)."""
     if w.dtype == torch.uint8:
         return NvCodes.PACKED
-    return NvCodes.E4M3 if (w.dim() == s.dim() + 1) == (layout is MxLayout.BLOCK_MAJOR) else None
+    return NvCodes.E4M3 if _laid_out(w, s, layout) else None
+
+
+def _laid_out(w: torch.Tensor, s: torch.Tensor, layout: MxLayout) -> bool:
+    """Whether a weight beside its block scales s sits in `layout` (block-major views have one more dim)."""
+    return (w.dim() == s.dim() + 1) == (layout is MxLayout.BLOCK_MAJOR)
 
 
 def _nv_expert(w: torch.Tensor, dims: int, codes: NvCodes) -> torch.Tensor:
@@ -110,7 +115,7 @@ def set_mx_layout(model: nn.Module, layout: MxLayout) -> int:
                 continue
             if getattr(mod, f"{w_name}_global", None) is not None:  # NVFP4 codes held as e4m3: set_nv_codes
                 continue
-            if (w.dim() == s.dim() + 1) == (layout is MxLayout.BLOCK_MAJOR):
+            if _laid_out(w, s, layout):
                 continue
             data = quant.block_major(w.data) if layout is MxLayout.BLOCK_MAJOR else quant.row_major(w.data)
             setattr(mod, w_name, nn.Parameter(data, requires_grad=False))
