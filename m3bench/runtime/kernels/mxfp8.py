@@ -19,7 +19,8 @@ import torch.nn.functional as F
 
 from m3bench.runtime import quant
 from m3bench.runtime.kernels.backend import KernelBackend, interpreting, pdl_args, use_triton
-from m3bench.runtime.kernels.mx_linear import MxTiles, block_stride, mx_linear
+from m3bench.runtime.kernels.mx_linear import COUNTERS, MxTiles, block_stride, mx_linear, split_counters
+from m3bench.runtime.kernels.prefetch import prefetch_inputs
 from m3bench.runtime.kernels.quant_kernels import QuantKernels, linear_generation
 
 MIN_PROGRAMS = 264  # two waves of 132 SMs
@@ -32,7 +33,7 @@ class LinearTiles:
     block_k: int = 128
     num_warps: int = 4
     num_stages: int = 4
-    split_k: int = 1  # > 1: K in that many pieces, fp32 partials summed after (skinny decode GEMMs)
+    split_k: int = 1  # > 1: K in that many pieces, their fp32 partials summed in the kernel (skinny decode GEMMs)
 
 
 def linear_tiles(m: int, n: int, k: int = 0) -> LinearTiles:
@@ -67,31 +68,33 @@ def mxfp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bia
     t = tiles  # a LinearTiles here: the first kernel
     if not x2.shape[0]:
         return x2.new_empty((*lead, n))
-    if t.split_k == 1:
-        y = x2.new_empty((x2.shape[0], n))
-        _launch(x2, weight, scale, bias, y, t)
-        return y.reshape(*lead, n)
-    parts = x2.new_empty((t.split_k, x2.shape[0], n), dtype=torch.float32)
-    _launch(x2, weight, scale, None, parts, t)
-    y = parts.sum(0) if bias is None else parts.sum(0) + bias
-    return y.to(x.dtype).reshape(*lead, n)
+    y = x2.new_empty((x2.shape[0], n))
+    _launch(x2, weight, scale, bias, y, t)
+    return y.reshape(*lead, n)
 
 
 def _launch(x, weight, scale, bias, y, t: LinearTiles) -> None:
-    """y [M, N] (or fp32 partials [split_k, M, N]) of x @ dequant(weight)^T (+ bias)."""
+    """y [M, N] = x @ dequant(weight)^T (+ bias), one launch: with K split, the splits meet in the kernel (fp32
+    partials, the split counters of kernels/mx_linear.py)."""
     from m3bench.runtime.kernels.mxfp8_triton import mxfp8_linear_kernel
 
     if weight.stride(-1) != 1 or scale.stride(-1) != 1:
         raise ValueError("MXFP8 weight and scale must be contiguous along K")
     m, k = x.shape
     n = weight.shape[0]
-    if k % (t.split_k * t.block_k) and t.split_k > 1:
+    if t.split_k > 1 and k % (t.split_k * t.block_k):
         raise ValueError(f"split_k {t.split_k} x block_k {t.block_k} does not divide K {k}")
-    grid = (math.ceil(m / t.block_m), math.ceil(n / t.block_n), t.split_k)
-    mxfp8_linear_kernel[grid](
-        x, weight, scale.view(torch.uint8), bias if bias is not None else y, y, m,
-        x.stride(0), weight.stride(0), block_stride(weight, 2), scale.stride(0), y.stride(-2), m * n,
-        N=n, K=k, K_SPLIT=k // t.split_k, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
-        HAS_BIAS=bias is not None, F32=x.dtype == torch.float32 or interpreting(), num_warps=t.num_warps,
-        num_stages=t.num_stages, **pdl_args(x),
+    tiles = math.ceil(m / t.block_m) * math.ceil(n / t.block_n)
+    if t.split_k > 1 and tiles > COUNTERS:
+        raise ValueError(f"{tiles} output tiles exceed the {COUNTERS} split counters")
+    parts = x.new_empty((t.split_k, m, n) if t.split_k > 1 else (1,), dtype=torch.float32)
+    s_wb = block_stride(weight, 2)
+    k_split = k // t.split_k
+    mxfp8_linear_kernel[(tiles, t.split_k)](
+        x, weight, scale.view(torch.uint8), bias if bias is not None else y, y, parts, split_counters(x.device), m,
+        x.stride(0), weight.stride(0), s_wb, scale.stride(0), y.stride(0),
+        N=n, K=k, K_SPLIT=k_split, SPLIT=t.split_k, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
+        HAS_BIAS=bias is not None, F32=x.dtype == torch.float32 or interpreting(),
+        PREFETCH=prefetch_inputs(x, weight, k_split, t.block_k, weight.dim() == 3, 32, s_wb),
+        BLOCK_MAJOR=weight.dim() == 3, num_warps=t.num_warps, num_stages=t.num_stages, **pdl_args(x),
     )

@@ -37,6 +37,32 @@ def test_mxfp8_linear_matches_dequantized_fp32(m, n, k, tiles, bias):
     assert torch.allclose(torch_path.double(), want, atol=1e-4, rtol=1e-4)
 
 
+def test_first_kernel_split_k_is_one_launch_and_repeats(monkeypatch):
+    """With K split, the first kernel's splits meet in the kernel (the split counters, left zero): one launch, no
+    torch sum after it, the same bits on a second call, the bias added once."""
+    from m3bench.runtime.kernels import mxfp8_triton
+    from m3bench.runtime.kernels.mx_linear import split_counters
+
+    kernel, launches = mxfp8_triton.mxfp8_linear_kernel, []
+
+    class Counting:
+        def __getitem__(self, grid):
+            launches.append(grid)
+            return kernel[grid]
+
+    monkeypatch.setattr(mxfp8_triton, "mxfp8_linear_kernel", Counting())
+    monkeypatch.setattr(torch.Tensor, "sum", lambda *a, **k: pytest.fail("a torch sum after the kernel"))
+    g = torch.Generator().manual_seed(21)
+    w, s = _mx(g, 40, 512)
+    x, b = torch.randn(3, 512, generator=g).to(torch.bfloat16), torch.randn(40, generator=g).to(torch.bfloat16)
+    tiles = LinearTiles(16, 16, 64, split_k=4)
+    got = mxfp8_linear(x, w, s, b, backend=T, tiles=tiles)
+    assert launches == [(3, 4)] and not split_counters(x.device).any()
+    assert torch.equal(mxfp8_linear(x, w, s, b, backend=T, tiles=tiles), got)
+    want = torch.nn.functional.linear(x.double(), quant.dequant_mxfp8(w, s, torch.float64), b.double())
+    assert got.dtype == torch.bfloat16 and torch.allclose(got.double(), want, atol=2e-2, rtol=1e-2)
+
+
 def test_decode_tiles_split_k_until_the_grid_fills():
     from m3bench.runtime.kernels.mxfp8 import linear_tiles
 
