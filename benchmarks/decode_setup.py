@@ -199,10 +199,6 @@ class OpsSet(Enum):
     #                                        write, block scores, top-k) on a side lane beside q|k|v (Attention.
     #                                        index_beside, up to 4 rows; off by default)
     HEADS_INDEX = "skinny-pdl-side-whole-heads-index"  # both: each lane's GEMM ending in its heads
-    PRE_HEAD = "skinny-pdl-side-whole-pre-head"  # skinny-pdl-side-whole + each weight GEMM prefetching the first two
-    #                                              K steps of its weights into L2 before its PDL wait
-    #                                              (kernels/prefetch.py WeightPrefetch.HEAD; off by default)
-    PRE_WHOLE = "skinny-pdl-side-whole-pre-whole"  # ... its whole split (WeightPrefetch.WHOLE)
 
     def holds(self, other: "OpsSet") -> bool:
         order = list(OpsSet)
@@ -218,13 +214,6 @@ def pdl_of(ops: OpsSet):
     return Pdl.ON if ops.holds(OpsSet.SKINNY_PDL) else Pdl.OFF
 
 
-def prefetch_of(ops: OpsSet):
-    """The weight prefetch (kernels.prefetch.WeightPrefetch) an ops set's GEMMs run with."""
-    from m3bench.runtime.kernels.prefetch import WeightPrefetch
-
-    return {OpsSet.PRE_HEAD: WeightPrefetch.HEAD, OpsSet.PRE_WHOLE: WeightPrefetch.WHOLE}.get(ops, WeightPrefetch.OFF)
-
-
 def beside_of(ops: OpsSet):
     """Where an ops set runs the shared expert below the fused MoE's threshold (layers.moe.SharedBeside)."""
     from m3bench.runtime.layers.moe import SharedBeside
@@ -237,34 +226,30 @@ def beside_of(ops: OpsSet):
 @contextmanager
 def pdl_mode(mode=None):
     """Inside: the process-wide PDL switch (kernels.backend.PDL) set to `mode` (None: left as it is, though set_ops
-    may change it); restored after, with the weight prefetch (kernels.prefetch.PREFETCH) set_ops may change too."""
+    may change it); restored after."""
     from m3bench.runtime.kernels.backend import PDL
-    from m3bench.runtime.kernels.prefetch import PREFETCH
 
-    before, prefetch = PDL["launch"], PREFETCH["mode"]
+    before = PDL["launch"]
     if mode is not None:
         PDL["launch"] = mode
     try:
         yield
     finally:
-        PDL["launch"], PREFETCH["mode"] = before, prefetch
+        PDL["launch"] = before
 
 
 def set_ops(model, ops: OpsSet) -> None:
     """Switch the model's fast path to the fused ops of `ops` (TritonBackend.fuse_ops, SparseMoe's
     fuse_router / fuse_shared / fuse_align / fuse_router_input / shared_beside, Attention.fuse_branches /
     fuse_qkv_heads / index_beside, GatedMLP.fuse_act,
-    the layers' skinny_rows) and the process to its PDL mode and weight prefetch (kernels.backend.PDL,
-    kernels.prefetch.PREFETCH; pdl_mode() restores both)."""
+    the layers' skinny_rows) and the process to its PDL mode (kernels.backend.PDL; pdl_mode() restores it)."""
     from m3bench.runtime.kernels.backend import PDL
-    from m3bench.runtime.kernels.prefetch import PREFETCH
     from m3bench.runtime.kernels.skinny import SKINNY_MAX_ROWS
     from m3bench.runtime.layers.linear import set_skinny_rows
     from m3bench.runtime.layers.moe import SparseMoe
 
     fused, fused_v1 = ops.holds(OpsSet.FUSED), ops.holds(OpsSet.FUSED_V1)
     PDL["launch"] = pdl_of(ops)
-    PREFETCH["mode"] = prefetch_of(ops)
     if hasattr(model.backend, "fuse_ops"):
         model.backend.fuse_ops = fused_v1
     set_skinny_rows(model, SKINNY_MAX_ROWS if ops.holds(OpsSet.SKINNY) else 0)

@@ -239,13 +239,12 @@ def test_component_checks_return_their_rows_on_cpu(ds):
 
 def test_pdl_ops_sets_switch_the_process_and_are_restored(fl, rt):
     from m3bench.runtime.kernels.backend import PDL, Pdl
-    from m3bench.runtime.kernels.prefetch import PREFETCH, WeightPrefetch
 
     _, setup = rt
     s = fl.TINY_RANK
     model = setup.rank_model(s, setup.our_config(setup.hf_m3_config(s, 2, 256)), torch.float32,
                              torch.device("cpu"), None)
-    before, prefetch_before = PDL["launch"], PREFETCH["mode"]
+    before = PDL["launch"]
     with setup.pdl_mode():
         for ops, mode in ((setup.OpsSet.SKINNY_PDL, Pdl.ON), (setup.OpsSet.SKINNY_PDL_EARLY, Pdl.EARLY),
                           (setup.OpsSet.SKINNY, Pdl.OFF), (setup.OpsSet.FUSED, Pdl.OFF)):
@@ -255,12 +254,7 @@ def test_pdl_ops_sets_switch_the_process_and_are_restored(fl, rt):
         with setup.pdl_mode(Pdl.EARLY):
             assert PDL["launch"] is Pdl.EARLY
         assert PDL["launch"] is Pdl.OFF
-        for ops, pre in ((setup.OpsSet.PRE_HEAD, WeightPrefetch.HEAD), (setup.OpsSet.PRE_WHOLE, WeightPrefetch.WHOLE),
-                         (setup.OpsSet.SKINNY_PDL_SIDE_WHOLE, WeightPrefetch.OFF)):
-            setup.set_ops(model, ops)
-            assert PREFETCH["mode"] is pre and PDL["launch"] is Pdl.ON
-        setup.set_ops(model, setup.OpsSet.PRE_WHOLE)
-    assert PDL["launch"] is before and PREFETCH["mode"] is prefetch_before
+    assert PDL["launch"] is before
 
 
 def test_cpu_smoke_times_pdl_sets_and_checks_under_the_chosen_mode(ds, tmp_path, monkeypatch):

@@ -22,7 +22,6 @@ import torch
 
 from m3bench.runtime.kernels.backend import interpreting, next_pow2, pdl_args, sm_count
 from m3bench.runtime.kernels.lanes import current_lane
-from m3bench.runtime.kernels.prefetch import prefetch_inputs
 
 # One row runs the GEMV: on the H200 (benchmarks/mxfp8_speed.py, 2026-12-02) it beat the dot kernel at
 # batch 1 in all six linears (e.g. qkv+index 8.8 against 18.2 us, o_proj 5.1 against 8.4), although its sm90
@@ -131,14 +130,12 @@ def mx_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: 
     y = x.new_empty((m, n))
     grid = t.grid(m, n)
     parts = x.new_empty((t.split_k, m, n) if t.split_k > 1 else (1,), dtype=torch.float32)
-    s_wb = block_stride(weight, 2)
     args = (x, weight, scale.view(torch.uint8), bias if bias is not None else y, y, parts,
-            split_counters(x.device), m, x.stride(0), weight.stride(0), s_wb, scale.stride(0),
+            split_counters(x.device), m, x.stride(0), weight.stride(0), block_stride(weight, 2), scale.stride(0),
             y.stride(0))
     meta = dict(N=n, K=k, K_SPLIT=k // t.split_k, SPLIT=t.split_k, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
                 BLOCK_K=t.block_k, HAS_BIAS=bias is not None, num_warps=t.num_warps, num_stages=t.num_stages,
-                PREFETCH=prefetch_inputs(x, weight, k // t.split_k, t.block_k, weight.dim() == 3, 32, s_wb),
-                BLOCK_MAJOR=weight.dim() == 3, **pdl_args(x))
+                **pdl_args(x))
     if t.kernel is MxKernel.GEMV:
         kt.mx_gemv_kernel[grid](*args, 0, **meta, SCALED=True, EVEN=False)  # 0: the bias's row stride
     else:

@@ -19,7 +19,7 @@ the result is deterministic and no second kernel runs (`finish_tile`).
 import triton
 import triton.language as tl
 
-from m3bench.runtime.kernels.pdl_triton import pdl_wait, prefetch_weights
+from m3bench.runtime.kernels.pdl_triton import pdl_wait
 
 MX_BLOCK = tl.constexpr(32)
 NV_BLOCK = tl.constexpr(16)
@@ -174,17 +174,13 @@ def mx_gemv_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr, M, s_xm, s_wn, s_wb, s_sn, s_ym, s_bm,
     N: tl.constexpr, K: tl.constexpr, K_SPLIT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, SCALED: tl.constexpr, EVEN: tl.constexpr,
-    PREFETCH: tl.constexpr, BLOCK_MAJOR: tl.constexpr, PDL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """y[:M, n-tile] for M <= BLOCK_M (<= 4) rows: per row, fp32 products summed within each 32-block
     (mostly in-thread), scaled by the block's power of two (SCALED: MXFP8; else plain weights, kernels/skinny.py)
     into a [BLOCK_M, BLOCK_N, BLOCK_K / 32] accumulator; the cross-thread sum over the blocks runs once, after
-    the K loop. EVEN: no masks on the weights. PREFETCH, BLOCK_MAJOR: pdl_triton.prefetch_weights. Grid (N tiles,
-    SPLIT)."""
-    k_begin = tl.program_id(1) * K_SPLIT
-    prefetch_weights(w_ptr, tl.program_id(0) * BLOCK_N, N, k_begin, s_wn, s_wb, PREFETCH, BLOCK_MAJOR, BLOCK_N,
-                     MX_BLOCK)
-    pdl_wait(PDL)  # the first global access after it (pdl_triton; the L2 prefetch returns nothing)
+    the K loop. EVEN: no masks on the weights. Grid (N tiles, SPLIT)."""
+    pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
     G: tl.constexpr = BLOCK_K // MX_BLOCK
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
@@ -192,6 +188,7 @@ def mx_gemv_kernel(
     g = tl.arange(0, G)
     acc = tl.zeros([BLOCK_M, BLOCK_N, G], tl.float32)
     w_rows = w_ptr + n.to(tl.int64) * s_wn
+    k_begin = tl.program_id(1) * K_SPLIT
     for k_off in range(0, K_SPLIT, BLOCK_K):  # constant trip count
         k0 = k_begin + k_off
         kk = k0 + g[:, None] * MX_BLOCK + tl.arange(0, MX_BLOCK)[None, :]  # [G, 32]
@@ -226,21 +223,20 @@ def mx_dot_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr, M, s_xm, s_wn, s_wb, s_sn, s_ym,
     N: tl.constexpr, K: tl.constexpr, K_SPLIT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, F32: tl.constexpr, EVEN: tl.constexpr,
-    PREFETCH: tl.constexpr, BLOCK_MAJOR: tl.constexpr, PDL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
-    """y[m-tile, n-tile]^T = dequant(W)[n-tile] @ x[m-tile]^T, one dot per BLOCK_K step. PREFETCH, BLOCK_MAJOR:
-    pdl_triton.prefetch_weights. Grid (N tiles x M tiles, SPLIT), N tiles fastest."""
+    """y[m-tile, n-tile]^T = dequant(W)[n-tile] @ x[m-tile]^T, one dot per BLOCK_K step.
+    Grid (N tiles x M tiles, SPLIT), N tiles fastest."""
+    pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
     n_tiles: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
     pid_n = tl.program_id(0) % n_tiles
     pid_m = tl.program_id(0) // n_tiles
-    k_begin = tl.program_id(1) * K_SPLIT
-    prefetch_weights(w_ptr, pid_n * BLOCK_N, N, k_begin, s_wn, s_wb, PREFETCH, BLOCK_MAJOR, BLOCK_N, MX_BLOCK)
-    pdl_wait(PDL)  # the first global access after it (pdl_triton; the L2 prefetch returns nothing)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     n_ok, m_ok = n < N, m < M
     acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
     x_rows = x_ptr + m.to(tl.int64) * s_xm
+    k_begin = tl.program_id(1) * K_SPLIT
     step = mx_steps(s_ptr, n, n_ok, k_begin, s_sn, K, BLOCK_K, F32)
     for k_off in range(0, K_SPLIT, BLOCK_K):  # constant trip count
         k0 = k_begin + k_off

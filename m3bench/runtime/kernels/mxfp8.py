@@ -20,7 +20,6 @@ import torch.nn.functional as F
 from m3bench.runtime import quant
 from m3bench.runtime.kernels.backend import KernelBackend, interpreting, pdl_args, use_triton
 from m3bench.runtime.kernels.mx_linear import COUNTERS, MxTiles, block_stride, mx_linear, split_counters
-from m3bench.runtime.kernels.prefetch import prefetch_inputs
 from m3bench.runtime.kernels.quant_kernels import QuantKernels, linear_generation
 
 MIN_PROGRAMS = 264  # two waves of 132 SMs
@@ -88,13 +87,10 @@ def _launch(x, weight, scale, bias, y, t: LinearTiles) -> None:
     if t.split_k > 1 and tiles > COUNTERS:
         raise ValueError(f"{tiles} output tiles exceed the {COUNTERS} split counters")
     parts = x.new_empty((t.split_k, m, n) if t.split_k > 1 else (1,), dtype=torch.float32)
-    s_wb = block_stride(weight, 2)
-    k_split = k // t.split_k
     mxfp8_linear_kernel[(tiles, t.split_k)](
         x, weight, scale.view(torch.uint8), bias if bias is not None else y, y, parts, split_counters(x.device), m,
-        x.stride(0), weight.stride(0), s_wb, scale.stride(0), y.stride(0),
-        N=n, K=k, K_SPLIT=k_split, SPLIT=t.split_k, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
-        HAS_BIAS=bias is not None, F32=x.dtype == torch.float32 or interpreting(),
-        PREFETCH=prefetch_inputs(x, weight, k_split, t.block_k, weight.dim() == 3, 32, s_wb),
-        BLOCK_MAJOR=weight.dim() == 3, num_warps=t.num_warps, num_stages=t.num_stages, **pdl_args(x),
+        x.stride(0), weight.stride(0), block_stride(weight, 2), scale.stride(0), y.stride(0),
+        N=n, K=k, K_SPLIT=k // t.split_k, SPLIT=t.split_k, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
+        HAS_BIAS=bias is not None, F32=x.dtype == torch.float32 or interpreting(), num_warps=t.num_warps,
+        num_stages=t.num_stages, **pdl_args(x),
     )

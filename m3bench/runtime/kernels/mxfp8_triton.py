@@ -10,7 +10,7 @@ import triton.language as tl
 
 from m3bench.runtime.kernels.kv_tiles_triton import mma
 from m3bench.runtime.kernels.mx_tiles_triton import e8m0_scale, finish_tile
-from m3bench.runtime.kernels.pdl_triton import pdl_wait, prefetch_weights
+from m3bench.runtime.kernels.pdl_triton import pdl_wait
 
 MX_BLOCK = tl.constexpr(32)
 NV_BLOCK = tl.constexpr(16)
@@ -143,22 +143,18 @@ def nv_weight_tile(w_base, s_base, g_base, n, kk, s_wn, s_sn, n_ok, k_ok):
 def mxfp8_linear_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr, M, s_xm, s_wn, s_wb, s_sn, s_ym,
     N: tl.constexpr, K: tl.constexpr, K_SPLIT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, F32: tl.constexpr,
-    PREFETCH: tl.constexpr, BLOCK_MAJOR: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, F32: tl.constexpr, PDL: tl.constexpr,
 ):
     """One [BLOCK_M, BLOCK_N] tile of y over K range program_id(1) * K_SPLIT + [0, K_SPLIT), fp32 accumulation
     in BLOCK_K steps. Grid (N tiles x M tiles, SPLIT), N tiles fastest; with K split, the tile's splits meet in
     the kernel (mx_tiles_triton.finish_tile: a per-tile counter, the last split sums the fp32 partials in split
-    order and adds the bias). PREFETCH: inputs of each row's split to bulk-prefetch into L2 before the PDL wait
-    (pdl_triton.prefetch_weights; 0: none)."""
+    order and adds the bias)."""
+    pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
     n_tiles: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
-    n0 = (tl.program_id(0) % n_tiles) * BLOCK_N
-    n = n0 + tl.arange(0, BLOCK_N)
+    n = (tl.program_id(0) % n_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
     m = (tl.program_id(0) // n_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)
     k_start = tl.program_id(1) * K_SPLIT
     m_ok, n_ok = m < M, n < N
-    prefetch_weights(w_ptr, n0, N, k_start, s_wn, s_wb, PREFETCH, BLOCK_MAJOR, BLOCK_N, MX_BLOCK)
-    pdl_wait(PDL)  # first global access after it (pdl_triton; the L2 prefetch above returns nothing)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     a_rows = x_ptr + m[:, None].to(tl.int64) * s_xm
     w_rows = w_ptr + n[:, None].to(tl.int64) * s_wn

@@ -20,7 +20,6 @@ import torch
 from m3bench.runtime.kernels.backend import interpreting, next_pow2, pdl_args, sm_count
 from m3bench.runtime.kernels.moe import ACT_CODE
 from m3bench.runtime.kernels.mx_linear import SMS, MxKernel, MxTiles, block_k_for, check_split, split_counters
-from m3bench.runtime.kernels.prefetch import prefetch_inputs
 from m3bench.runtime.kernels.reference import MoeActivation
 
 SKINNY_MAX_ROWS = 16  # the dot kernel pads the rows to 16 anyway
@@ -104,11 +103,10 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     even = n % t.block_n == 0 and k % t.block_k == 0
     meta = dict(N=n, K=k, K_SPLIT=k // t.split_k, SPLIT=t.split_k, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
                 BLOCK_K=t.block_k, HAS_BIAS=bias is not None or add is not None, EVEN=even, num_warps=t.num_warps,
-                num_stages=t.num_stages, PREFETCH=prefetch_inputs(x2, weight, k // t.split_k, t.block_k),
-                **pdl_args(x2))
+                num_stages=t.num_stages, **pdl_args(x2))
     if t.kernel is MxKernel.GEMV:  # the MXFP8 GEMV unscaled (its scale pointer and stride unused), row-major
         mx_tiles_triton.mx_gemv_kernel[grid](*head, weight, *tail, 32, 0, y.stride(0), s_bm, **meta,
-                                             SCALED=False, BLOCK_MAJOR=False)
+                                             SCALED=False)
     else:
         act = gate or Gate(MoeActivation.SILU, 1.0, 0.0)
         kt.skinny_dot_kernel[grid](*head, *tail, y.stride(0), s_bm, float(act.alpha), float(act.limit), **meta,

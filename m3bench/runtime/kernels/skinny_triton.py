@@ -17,7 +17,7 @@ import triton.language as tl
 
 from m3bench.runtime.kernels.moe_triton import gated_activation
 from m3bench.runtime.kernels.mx_tiles_triton import dot_acc, finish_tile, last_split, store_partial, sum_partials
-from m3bench.runtime.kernels.pdl_triton import pdl_wait, prefetch_weights
+from m3bench.runtime.kernels.pdl_triton import pdl_wait
 from m3bench.runtime.kernels.round_triton import round_for
 
 
@@ -26,15 +26,11 @@ def skinny_dot_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr, M, s_xm, s_wn, s_ym, s_bm, alpha, limit,
     N: tl.constexpr, K: tl.constexpr, K_SPLIT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, F32: tl.constexpr, EVEN: tl.constexpr,
-    GATED: tl.constexpr, ACT: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
+    GATED: tl.constexpr, ACT: tl.constexpr, PDL: tl.constexpr,
 ):
-    """y[:M, n-tile]^T = W[n-tile] @ x[:M]^T (+ b[m * s_bm + n]); GATED: N = I, W rows n and I + n. PREFETCH:
-    pdl_triton.prefetch_weights (GATED: the gate rows and the up rows). Grid (N tiles, SPLIT)."""
-    n0 = tl.program_id(0) * BLOCK_N
-    prefetch_weights(w_ptr, n0, N, tl.program_id(1) * K_SPLIT, s_wn, 0, PREFETCH, False, BLOCK_N, 1)
-    if GATED:
-        prefetch_weights(w_ptr + N * s_wn, n0, N, tl.program_id(1) * K_SPLIT, s_wn, 0, PREFETCH, False, BLOCK_N, 1)
-    pdl_wait(PDL)  # the first global access after it (pdl_triton; the L2 prefetch returns nothing)
+    """y[:M, n-tile]^T = W[n-tile] @ x[:M]^T (+ b[m * s_bm + n]); GATED: N = I, W rows n and I + n. Grid (N tiles,
+    SPLIT)."""
+    pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     m = tl.arange(0, BLOCK_M)
     n_ok, m_ok = n < N, m < M

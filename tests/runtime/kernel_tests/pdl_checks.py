@@ -2,14 +2,11 @@
 
 The static race check, on a kernel's PTX: `griddepcontrol.wait` comes before every instruction that can touch
 global memory, unpredicated and in the entry block (no label or branch before it), so every path through the
-kernel passes the wait first. The one exception is a bulk prefetch into L2 (`cp.async.bulk.prefetch.L2`,
-kernels/pdl_triton.prefetch_weights): it returns nothing, and L2 is where every SM's accesses meet, so the line it
-fetches early is never stale.
+kernel passes the wait first.
 
     wait_problems(ptx)             -> [] when the wait comes first, else what comes before it (or that it is missing)
     trigger_side(ptx)              -> "before" / "after" the wait: where griddepcontrol.launch_dependents sits
     has_gdc(ptx)                   -> any griddepcontrol instruction at all (a PDL-off variant has none)
-    prefetches_before_wait(ptx)    -> the L2 bulk prefetches before the first wait
     opcode_counts(ptx)             -> the entry function's opcodes and their counts, griddepcontrol left out (a PDL
                                       twin with the same counts as its PDL-off variant does the same arithmetic,
                                       only scheduled around the wait)
@@ -28,7 +25,6 @@ TRIGGER = "griddepcontrol.launch_dependents"
 MEMORY_OPS = {"ld", "ldu", "st", "atom", "red", "prefetch", "prefetchu", "cp", "multimem"}
 OTHER_SPACES = ("param", "shared", "local", "const")  # state spaces that are not global memory
 BRANCHES = {"bra", "brx", "call", "ret", "exit", "trap"}
-L2_PREFETCH = "cp.async.bulk.prefetch.L2"  # safe before the wait (the module's docstring)
 _PREDICATE = re.compile(r"^@!?%\w+\s+")
 
 
@@ -55,10 +51,7 @@ def opcode(stmt: str) -> str:
 
 def touches_global(op: str) -> bool:
     """Whether an opcode may access global memory: it names the global space, or (ld / st / atom ...) names none
-    (a generic address may be global). cp.async's commit / wait steps name no space and access nothing; an L2 bulk
-    prefetch returns nothing."""
-    if op.startswith(L2_PREFETCH):
-        return False
+    (a generic address may be global). cp.async's commit / wait steps name no space and access nothing."""
     parts = op.split(".")
     if parts[0] not in MEMORY_OPS:
         return False
@@ -100,13 +93,6 @@ def trigger_side(ptx: str) -> str | None:
     if WAIT not in ops:
         return "before"
     return "before" if ops.index(TRIGGER) < ops.index(WAIT) else "after"
-
-
-def prefetches_before_wait(ptx: str) -> int:
-    """How many L2 bulk prefetches come before the first griddepcontrol.wait (all of them when there is none)."""
-    ops = [opcode(s) for s in entry_statements(ptx) if not s.endswith(":")]
-    before = ops[:ops.index(WAIT)] if WAIT in ops else ops
-    return sum(op.startswith(L2_PREFETCH) for op in before)
 
 
 def has_gdc(ptx: str) -> bool:

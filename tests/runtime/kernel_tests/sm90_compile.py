@@ -11,9 +11,7 @@ of the modules must be launched. PDL-off variants compile as before (no griddepc
 variant's ON twin and one EARLY variant per kernel compile too, each with the static race check on its PTX
 (pdl_checks.py: the wait before any global access) and the same instructions as its PDL-off variant (only
 scheduled around the wait: the same arithmetic). --record-only: the launch checks alone; --pdl-only: no PDL-off
-compiles (nor the instruction comparison). With --pdl-only, the weight GEMMs that prefetch into L2 before their
-wait (kernels/prefetch.py, HEAD and WHOLE, one variant a kernel each) compile too: the race check passes with the
-prefetch before the wait, and the prefetch is there ("prefetch check:").
+compiles (nor the instruction comparison).
 """
 
 import os
@@ -43,7 +41,6 @@ from m3bench.runtime.kernels import (
     skinny_heads_triton,
     skinny_triton,
 )
-from m3bench.runtime import quant
 from m3bench.runtime.kernels import kv_quant as kq
 from m3bench.runtime.kernels.add_norm import add_rms_norm_fused
 from m3bench.runtime.kernels.attention import paged_attention
@@ -56,14 +53,7 @@ from m3bench.runtime.kernels.norm_rope import Branch, BranchWrite, norm_rope_wri
 from m3bench.runtime.kernels.router import router_topk, router_topk_align
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # pdl_checks.py, beside this script
-from pdl_checks import (  # noqa: E402
-    flag_problems,
-    has_gdc,
-    opcode_counts,
-    prefetches_before_wait,
-    trigger_side,
-    wait_problems,
-)
+from pdl_checks import flag_problems, has_gdc, opcode_counts, trigger_side, wait_problems  # noqa: E402
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.uint8: "u8",
            torch.int32: "i32", torch.int64: "i64", torch.float8_e4m3fn: "fp8e4nv"}
@@ -217,10 +207,6 @@ def record_mxfp8(T):
                 mxfp8_linear(torch.randn(m, k).to(torch.bfloat16), w, sc, backend=T)
             mxfp8_linear(torch.randn(n_tok, k).to(torch.bfloat16), w, sc, backend=T, tiles=linear_tiles(n_tok, n, k))
             mxfp8_linear(torch.randn(1, k).to(torch.bfloat16), w, sc, backend=T, tiles=mx_tiles(1, n, k, MxKernel.GEMV))
-            for m in (1, 2, 16, 64):  # block-major weights (the runtime's layout): GEMV, first kernel, dot
-                mxfp8_linear(torch.randn(m, k).to(torch.bfloat16), quant.block_major(w), sc, backend=T)
-            mxfp8_linear(torch.randn(n_tok, k).to(torch.bfloat16), quant.block_major(w), sc, backend=T,
-                         tiles=linear_tiles(n_tok, n, k))
 
 
 def record_fused(caches, x3):
@@ -288,40 +274,6 @@ def record_modes(q_lens) -> dict:
     finally:
         backend.PDL["launch"], backend.pdl_device = chosen, device
     return runs
-
-
-def record_prefetch(q_lens) -> list:
-    """record_all's launches under Pdl.ON with each weight prefetch mode on: those that prefetch (PREFETCH > 0),
-    one variant a kernel and mode."""
-    from m3bench.runtime.kernels import prefetch
-
-    chosen, device, mode = backend.PDL["launch"], backend.pdl_device, prefetch.PREFETCH["mode"]
-    backend.pdl_device = lambda t: True
-    backend.PDL["launch"] = backend.Pdl.ON
-    out = []
-    try:
-        for pre in (prefetch.WeightPrefetch.HEAD, prefetch.WeightPrefetch.WHOLE):
-            prefetch.PREFETCH["mode"] = pre
-            LAUNCHES.clear()
-            record_all(q_lens)
-            first = {}
-            for fn, args, kwargs in variants([launch for launch in LAUNCHES if launch[2].get("PREFETCH", 0) > 0]):
-                first.setdefault((fn.__name__, kwargs.get("BLOCK_MAJOR")), (fn, args, kwargs))
-            out += list(first.values())
-    finally:
-        backend.PDL["launch"], backend.pdl_device, prefetch.PREFETCH["mode"] = chosen, device, mode
-    return out
-
-
-def prefetch_variant_ok(fn, args, kwargs) -> bool:
-    """Compiles for sm90 with the race check passing (compile_variant) and L2 prefetches before its wait."""
-    ptx = compile_variant(fn, args, kwargs)
-    if ptx is None:
-        return False
-    if not prefetches_before_wait(ptx):
-        print(f"FAIL {fn.__name__} PREFETCH={kwargs['PREFETCH']}: no L2 prefetch before the wait")
-        return False
-    return True
 
 
 def kernel_names() -> set[str]:
@@ -414,14 +366,7 @@ def main() -> int:
     print(f"race check: {sum(pdl_ok)}/{len(pdl)} PDL variants wait before any global access "
           f"({len({launch[0].__name__ for launch in pdl})} kernels)"
           + ("" if not off else "; the same instructions as their PDL-off variants"))
-    pre_ok = True
-    if "--pdl-only" in sys.argv:
-        pre = record_prefetch(q_lens)
-        done = sum(prefetch_variant_ok(*launch) for launch in pre)
-        pre_ok = done == len(pre) > 0
-        print(f"prefetch check: {done}/{len(pre)} variants prefetch before the wait "
-              f"({len({launch[0].__name__ for launch in pre})} kernels)")
-    return 1 if flags or n_ok < len(off) + len(pdl) or not pdl or not pre_ok else 0
+    return 1 if flags or n_ok < len(off) + len(pdl) or not pdl else 0
 
 
 if __name__ == "__main__":
