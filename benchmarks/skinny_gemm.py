@@ -51,11 +51,14 @@ FUSED = (("shared gate|up+act", 768, 6144), ("dense gate|up+act", 3072, 6144), (
 TINY_FUSED = (("gate|up+act", 64, 256), ("down+add", 64, 128))
 GATE = Gate(MoeActivation.SWIGLUOAI, 1.702, 7.0)
 ROWS = (1, 4, 16)
-# dot candidates: (BLOCK_N, BLOCK_K, stages, warps); GEMV: (BLOCK_N, BLOCK_K, warps); each at 1, 2, 4 programs an SM
+# dot candidates: (BLOCK_N, BLOCK_K, stages, warps); GEMV: (BLOCK_N, BLOCK_K, warps, stages); each with K whole
+# (0) or split to 1, 2, 4 programs an SM. BLOCK_N 16 (the MMA's smallest M) and deeper pipelines from 2026-12-06
 DOT_CANDIDATES = ((32, 128, 4, 4), (64, 128, 4, 4), (64, 64, 6, 4), (64, 256, 3, 4), (128, 128, 3, 8),
-                  (32, 256, 4, 4))
-GEMV_CANDIDATES = ((16, 512, 8), (16, 1024, 8), (32, 512, 8), (8, 1024, 4))
-PER_SM_OPTIONS = (1, 2, 4)
+                  (32, 256, 4, 4), (16, 128, 6, 4), (16, 256, 4, 4), (16, 512, 3, 4), (32, 128, 6, 4),
+                  (64, 128, 6, 4), (64, 256, 4, 8))
+GEMV_CANDIDATES = ((16, 512, 8, 1), (16, 1024, 8, 1), (32, 512, 8, 1), (8, 1024, 4, 1), (16, 512, 8, 3),
+                   (8, 1024, 4, 2), (16, 256, 4, 4))
+PER_SM_OPTIONS = (0, 1, 2, 4)
 
 
 @dataclass(frozen=True)
@@ -81,11 +84,11 @@ def candidates(m: int, n: int, k: int, dtype: torch.dtype) -> list[MxTiles]:
         for per_sm in PER_SM_OPTIONS:
             split = split_for(math.ceil(n / bn), k, bk, per_sm * SMS)
             out.append(MxTiles(MxKernel.DOT, 16, bn, bk, split, warps, stages))
-    for bn, bk, warps in GEMV_CANDIDATES:
+    for bn, bk, warps, stages in GEMV_CANDIDATES:
         bk = block_k_for(k, bk)
         for per_sm in PER_SM_OPTIONS:
             split = split_for(math.ceil(n / bn), k, bk, per_sm * SMS)
-            out.append(MxTiles(MxKernel.GEMV, 1 << max(0, (m - 1).bit_length()), bn, bk, split, warps, 1))
+            out.append(MxTiles(MxKernel.GEMV, 1 << max(0, (m - 1).bit_length()), bn, bk, split, warps, stages))
     return list(dict.fromkeys(out))
 
 
@@ -97,11 +100,11 @@ def time_tiles(xs, ws, tiles: MxTiles) -> float:
     return measure([lambda x=x, w=w: skinny_linear(x, w, tiles=tiles) for x, w in zip(xs, ws)])
 
 
-def shape_rows(name: str, n: int, k: int, dtype, sweep: bool, dev, gen) -> list[Row]:
+def shape_rows(name: str, n: int, k: int, dtype, sweep: bool, dev, gen, row_counts=ROWS) -> list[Row]:
     ws = [(torch.randn(n, k, device=dev, generator=gen) * k ** -0.5).to(dtype)
           for _ in range(copies(n * k * dtype.itemsize))]
     rows = []
-    for m in (r for r in ROWS if dtype != torch.float32 or r <= GEMV_MAX_ROWS):
+    for m in (r for r in row_counts if dtype != torch.float32 or r <= GEMV_MAX_ROWS):
         xs = [torch.randn(m, k, device=dev, generator=gen).to(dtype) for _ in ws]
         want = F.linear(xs[0].float(), ws[0].float())
         rule = skinny_tiles(m, n, k, dtype)
@@ -120,13 +123,13 @@ def shape_rows(name: str, n: int, k: int, dtype, sweep: bool, dev, gen) -> list[
     return rows
 
 
-def fused_rows(name: str, n: int, k: int, dev, gen) -> list[Row]:
+def fused_rows(name: str, n: int, k: int, dev, gen, row_counts=ROWS) -> list[Row]:
     """gate|up+act (n = 2I) or down+add: the skinny kernel's fused epilogue against cuBLAS + the separate op."""
     gated = name.endswith("+act")
     ws = [(torch.randn(n, k, device=dev, generator=gen) * k ** -0.5).to(torch.bfloat16)
           for _ in range(copies(n * k * 2))]
     rows = []
-    for m in ROWS:
+    for m in row_counts:
         xs = [torch.randn(m, k, device=dev, generator=gen).to(torch.bfloat16) for _ in ws]
         adds = [torch.randn(m, n, device=dev, generator=gen).to(torch.bfloat16) for _ in ws]
         if gated:
@@ -174,6 +177,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sweep", action="store_true", help="time tile candidates per shape besides the rule's")
     p.add_argument("--tiny", action="store_true", help="tiny shapes (CPU interpreter smoke run)")
+    p.add_argument("--shapes", nargs="+", default=None, help="only these rows (names as printed: qkv+index ...)")
+    p.add_argument("--rows", nargs="+", type=int, default=list(ROWS), help="activation rows (default 1 4 16)")
     args = p.parse_args(argv)
     if not (torch.cuda.is_available() or args.tiny):
         print("error: no GPU (use --tiny under TRITON_INTERPRET=1)", file=sys.stderr)
@@ -182,9 +187,11 @@ def main(argv=None) -> int:
     gen = torch.Generator(device=dev).manual_seed(0)
     print(use_device_bandwidth(dev), flush=True)
     print(HEADER)
-    rows = [r for name, n, k, dt in (TINY if args.tiny else SHAPES)
-            for r in shape_rows(name, n, k, dt, args.sweep, dev, gen)]
-    rows += [r for name, n, k in (TINY_FUSED if args.tiny else FUSED) for r in fused_rows(name, n, k, dev, gen)]
+    keep = lambda name: args.shapes is None or name in args.shapes  # noqa: E731
+    rows = [r for name, n, k, dt in (TINY if args.tiny else SHAPES) if keep(name)
+            for r in shape_rows(name, n, k, dt, args.sweep, dev, gen, tuple(args.rows))]
+    rows += [r for name, n, k in (TINY_FUSED if args.tiny else FUSED) if keep(name)
+             for r in fused_rows(name, n, k, dev, gen, tuple(args.rows))]
     bad = [r for r in rows if not r.err < MAX_ERR or math.isnan(r.rule_us)]
     return 1 if bad else 0
 

@@ -25,12 +25,16 @@ from m3bench.runtime.kernels.reference import MoeActivation
 SKINNY_MAX_ROWS = 16  # the dot kernel pads the rows to 16 anyway
 GEMV_MAX_ROWS = 4  # the fp32 GEMV (the router): its accumulator grows with the rows
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-# Programs in flight per SM the split aims at, and the least K a split keeps (H200 sweep at one TP8 rank's
-# shapes, benchmarks/skinny_gemm.py --sweep, 2026-12-02: qkv + index 1920 x 6144 at 1 row ran 10.0 us with 4
-# splits, 10.3 with 8; o_proj 6144 x 1024 6.1 with 1 split, 7.5 with 2; shared gate|up 768 x 6144 7.0 with 8,
-# 7.7 with 16)
+# Programs in flight per SM the split aims at, and the K steps a dot split keeps. Sweeps at one TP8 rank's shapes
+# (benchmarks/skinny_gemm.py --sweep) at 1 row: H200 2026-12-02: qkv + index 1920 x 6144 10.0 us with 4 splits,
+# 10.3 with 6; o_proj 6144 x 1024 6.1 with 1 split, 7.5 with 2; shared gate|up 768 x 6144 7.0 with 8, 7.7 with 16;
+# dense gate|up 3072 x 6144 13.6 with 4, more with 2. H100 2026-12-06: qkv + index 11.7 with 4 against 12.5 with 6;
+# shared gate|up + act (384 columns of 32) 7.8 with 8 against 9.7 with 4 (48 programs leave a third of the SMs idle).
+# So: splits of LONG_SPLIT_STEPS where they still fill FILL_PER_SM programs an SM, else as many as fit.
 PER_SM = {MxKernel.DOT: 1.5, MxKernel.GEMV: 4}
 MIN_SPLIT_STEPS = 6  # BLOCK_K steps a dot split keeps at least (a pipeline of 4 stages needs a few)
+LONG_SPLIT_STEPS = 12  # ... and keeps where the grid still fills FILL_PER_SM (shorter splits pay ramp + finish again)
+FILL_PER_SM = 0.7
 WHOLE_K_FROM = 0.7  # output tiles per SM from which the dot kernel does not split K
 
 
@@ -60,13 +64,16 @@ def skinny_tiles(m: int, n: int, k: int, dtype: torch.dtype = torch.bfloat16, ke
 
 def skinny_split(tiles: int, k: int, block_k: int, kernel: MxKernel, sms: int = SMS) -> int:
     """The largest divisor of K / BLOCK_K that keeps the grid within PER_SM programs an SM and (dot) each split
-    at MIN_SPLIT_STEPS steps or more; the dot kernel does not split from WHOLE_K_FROM tiles an SM."""
+    at MIN_SPLIT_STEPS steps or more; the dot kernel does not split from WHOLE_K_FROM tiles an SM, and keeps
+    LONG_SPLIT_STEPS steps a split where the grid still has FILL_PER_SM programs an SM."""
     if kernel is MxKernel.DOT and tiles >= WHOLE_K_FROM * sms:
         return 1
     steps, least = k // block_k, (MIN_SPLIT_STEPS * block_k if kernel is MxKernel.DOT else block_k)
     fits = [d for d in range(1, steps + 1)
             if steps % d == 0 and tiles * d <= PER_SM[kernel] * sms and k // d >= least]
-    return fits[-1] if fits else 1
+    long = [d for d in fits
+            if kernel is MxKernel.DOT and steps // d >= LONG_SPLIT_STEPS and tiles * d >= FILL_PER_SM * sms]
+    return (long or fits or [1])[-1]
 
 
 def skinny_supported(x: torch.Tensor, weight: torch.Tensor, max_rows: int = SKINNY_MAX_ROWS) -> bool:

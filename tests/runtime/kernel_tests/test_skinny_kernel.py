@@ -94,11 +94,12 @@ def test_supported_only_for_few_rows_of_one_plain_dtype():
 
 
 def test_tiles_at_rank_shapes_follow_the_h200_sweep():
-    """One TP8 rank's GEMMs at 1 row: K split as the 2026-12-02 sweep found fastest (qkv + index 4-8 pieces,
-    o_proj and the down GEMMs whole, shared gate|up 8), never past 1.5 programs an SM."""
+    """One TP8 rank's GEMMs at 1 row: K split as the sweeps found fastest (qkv + index and dense gate|up 4
+    pieces of 12 steps, o_proj and the down GEMMs whole, the shared gate|up 8: 4 would leave SMs idle), never past
+    1.5 programs an SM."""
     splits = {(n, k): skinny_tiles(1, n, k).split_k for n, k in ((1920, 6144), (6144, 1024), (3072, 6144),
                                                                   (6144, 1536), (768, 6144), (6144, 384))}
-    assert splits == {(1920, 6144): 6, (6144, 1024): 1, (3072, 6144): 4, (6144, 1536): 1, (768, 6144): 8,
+    assert splits == {(1920, 6144): 4, (6144, 1024): 1, (3072, 6144): 4, (6144, 1536): 1, (768, 6144): 8,
                       (6144, 384): 1}
     for (n, k), split in splits.items():
         t = skinny_tiles(1, n, k)
@@ -106,6 +107,7 @@ def test_tiles_at_rank_shapes_follow_the_h200_sweep():
     assert skinny_tiles(1, 6144, 384).block_k == 64  # K 384: six steps of 64
     gated = skinny_tiles(1, 384, 6144, gated=True)  # shared gate|up with its activation: half the columns
     assert (gated.kernel, gated.block_n, gated.split_k) == (DOT, 32, 8)
+    assert skinny_tiles(1, 1536, 6144, gated=True).split_k == 4  # dense gate|up + act: 48 tiles of 32
     assert skinny_tiles(1, 128, 6144, torch.float32).kernel is GEMV  # the fp32 router
     assert skinny_tiles(1, 128, 6144, torch.float32, gated=True).kernel is DOT
 
