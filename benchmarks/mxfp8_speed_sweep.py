@@ -5,6 +5,7 @@ moe_quant.quant_moe_tiles should pick): every candidate checked against fp32, ti
     python benchmarks/mxfp8_speed_sweep.py moe
     python benchmarks/mxfp8_speed_sweep.py moe-v1     # the first-generation MXFP8 MoE (what AUTO runs)
     python benchmarks/mxfp8_speed_sweep.py linear-v1  # its linears at 4 / 16 rows; both: row- and block-major
+    python benchmarks/mxfp8_speed_sweep.py linear-v1-tiles   # their tiles (block-major): rule and best candidate
 
 Linear rows: qkv+index [1536, 6144] and o_proj [6144, 1024] of a TP8 rank at batch 1, 4, 16, 64 (GEMV and
 dot kernels, BLOCK_N / BLOCK_K / stages / split targets); MoE rows: moe-local (16 experts, every pick local)
@@ -171,13 +172,50 @@ def sweep_linear_v1(dev, gen) -> None:
                   flush=True)
 
 
+V1_LINEARS = (("qkv+index", 1920, 6144), ("o_proj", 6144, 1024), ("dense gate|up", 3072, 6144),
+              ("shared gate|up", 768, 6144))
+
+
+def v1_linear_candidates(m: int, n: int, k: int):
+    """The first kernel's tiles: BLOCK_N 32 / 64, every split of K into 1-16 pieces of whole 128-steps, 4 stages
+    (BLOCK_M the rows padded to 16, BLOCK_K 128, 4 warps: the rule's)."""
+    from m3bench.runtime.kernels.mxfp8 import LinearTiles
+
+    steps = k // 128
+    for bn, split in itertools.product((32, 64), (1, 2, 3, 4, 6, 8, 12, 16)):
+        if steps % split == 0:
+            yield LinearTiles(min(64, max(16, next_pow2(m))), bn, 128, 4, 4, split)
+
+
+def sweep_linear_v1_tiles(dev, gen, batches=(4, 16)) -> None:
+    """The first kernel (what AUTO runs at 2-32 rows) on block-major weights: the rule's tiles (linear_tiles)
+    against the best candidate, each checked against fp32 first."""
+    from m3bench.runtime.kernels.mxfp8 import linear_tiles
+
+    for name, n, k in V1_LINEARS:
+        ws = linear_weights(n, k, copies(n * k * MX_BYTES), dev, gen)
+        bms = [(quant.block_major(w[0]), w[1]) for w in ws]
+        floor_us = n * k * MX_BYTES / peak_bytes_per_s() * 1e6
+        for m in batches:
+            xs = [torch.randn(m, k, device=dev, generator=gen).to(torch.bfloat16) for _ in ws]
+            want = F.linear(xs[0].float(), ws[0][2].float())
+            def run(t):  # noqa: E306
+                return [lambda x=x, w=w: mxfp8_linear(x, *w, backend=TRITON, tiles=t) for x, w in zip(xs, bms)]
+            check = lambda t: rel_err(mxfp8_linear(xs[0], *bms[0], backend=TRITON, tiles=t), want)  # noqa: E731
+            rule = linear_tiles(m, n, k)
+            rule_us = time_us(run(rule))
+            us, t = best_of(v1_linear_candidates(m, n, k), run, check)
+            print(f"{name} M={m}: floor {floor_us:5.1f} | rule {rule_us:6.1f} us ({floor_us / rule_us:4.0%}) "
+                  f"split {rule.split_k} | best {us:6.1f} us ({floor_us / us:4.0%}) {t}", flush=True)
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("no CUDA device: run on the H200", file=sys.stderr)
         return 2
     part = sys.argv[1] if len(sys.argv) > 1 else "linear"
-    if part not in ("linear", "moe", "moe-v1", "linear-v1"):
-        print(f"unknown part {part!r}: linear, moe, moe-v1 or linear-v1", file=sys.stderr)
+    if part not in ("linear", "moe", "moe-v1", "linear-v1", "linear-v1-tiles"):
+        print(f"unknown part {part!r}: linear, moe, moe-v1, linear-v1 or linear-v1-tiles", file=sys.stderr)
         return 2
     dev, gen = torch.device("cuda"), torch.Generator(device="cuda").manual_seed(0)
     print(use_device_bandwidth(dev), flush=True)
@@ -188,6 +226,8 @@ def main() -> int:
         sweep_moe_v1(Shapes(), (1, 4, 16, 64), dev, gen)
     elif part == "linear-v1":
         sweep_linear_v1(dev, gen)
+    elif part == "linear-v1-tiles":
+        sweep_linear_v1_tiles(dev, gen)
     else:
         sweep_moe(Shapes(), (1, 16, 64), dev, gen)
     return 0

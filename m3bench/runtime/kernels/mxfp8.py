@@ -19,10 +19,19 @@ import torch.nn.functional as F
 
 from m3bench.runtime import quant
 from m3bench.runtime.kernels.backend import KernelBackend, interpreting, pdl_args, use_triton
-from m3bench.runtime.kernels.mx_linear import COUNTERS, MxTiles, block_stride, mx_linear, split_counters
+from m3bench.runtime.kernels.mx_linear import (
+    COUNTERS,
+    MAX_SPLIT,
+    PER_SM,
+    SMS,
+    MxTiles,
+    block_stride,
+    mx_linear,
+    split_counters,
+)
 from m3bench.runtime.kernels.quant_kernels import QuantKernels, linear_generation
 
-MIN_PROGRAMS = 264  # two waves of 132 SMs
+MIN_SPLIT_STEPS = 2  # 128-wide K steps a split keeps at least (o_proj, 8 steps: 4 splits ran fastest)
 
 
 @dataclass(frozen=True)
@@ -35,16 +44,19 @@ class LinearTiles:
     split_k: int = 1  # > 1: K in that many pieces, their fp32 partials summed in the kernel (skinny decode GEMMs)
 
 
-def linear_tiles(m: int, n: int, k: int = 0) -> LinearTiles:
-    """Skinny M (decode): BLOCK_M 16, BLOCK_N 64, then K split (up to 16) until the grid fills the GPU.
-    (H200 sweep, benchmarks/mxfp8_tiles.py: at M=1, N 1536, K 6144, BLOCK_N 64 x split 16 ran 21 us where
-    BLOCK_N 16 x split 4 ran 100 us.)"""
+def linear_tiles(m: int, n: int, k: int = 0, sms: int = SMS) -> LinearTiles:
+    """Skinny M (decode): BLOCK_M the rows padded to 16 (32, 64), BLOCK_N 64 (32 where 64-wide tiles split
+    MAX_SPLIT ways fill at most half a wave), then the largest split of K into whole 128-steps (<= MAX_SPLIT, at
+    least MIN_SPLIT_STEPS a split) that keeps the grid within one wave of resident programs (mx_linear.PER_SM). H100 sweep on block-major weights
+    (benchmarks/mxfp8_speed_sweep.py linear-v1-tiles, 2026-12-06), 4 / 16 rows: qkv + index 1920 x 6144 11.4 /
+    12.3 us with 12 splits against 13.4 / 14.8 with 16 (the rule before: doubling to two waves); o_proj 4 splits
+    and dense gate|up 8 as before; shared gate|up 768 x 6144 BLOCK_N 32 x 16 splits 8.0 / 8.3 against 8.5 / 9.2."""
     block_m = 16 if m <= 16 else 32 if m <= 32 else 64
-    block_n = 64
-    split = 1
-    while (math.ceil(m / block_m) * math.ceil(n / block_n) * split < MIN_PROGRAMS and split < 16
-           and k % (2 * split * 128) == 0):
-        split *= 2
+    m_tiles, wave = math.ceil(m / block_m), PER_SM.get(block_m, 2) * sms
+    block_n = 64 if 2 * m_tiles * math.ceil(n / 64) * MAX_SPLIT > wave else 32
+    steps, tiles = k // 128 if k % 128 == 0 else 0, m_tiles * math.ceil(n / block_n)
+    split = max([d for d in range(1, min(steps, MAX_SPLIT) + 1)
+                 if steps % d == 0 and steps // d >= MIN_SPLIT_STEPS and tiles * d <= wave], default=1)
     return LinearTiles(block_m, block_n, num_warps=4 if block_m <= 32 else 8, split_k=split)
 
 

@@ -63,12 +63,19 @@ def test_first_kernel_split_k_is_one_launch_and_repeats(monkeypatch):
     assert got.dtype == torch.bfloat16 and torch.allclose(got.double(), want, atol=2e-2, rtol=1e-2)
 
 
-def test_decode_tiles_split_k_until_the_grid_fills():
+def test_decode_tiles_split_k_to_one_wave():
     from m3bench.runtime.kernels.mxfp8 import linear_tiles
 
-    t = linear_tiles(1, 1536, 6144)  # qkv + index of a TP8 rank at batch 1: 24 N tiles of 64, 16 K pieces
+    t = linear_tiles(1, 1536, 6144)  # 24 N tiles of 64, 16 K pieces: 384 programs, one wave of 3 an SM
     assert (t.block_m, t.block_n, t.split_k) == (16, 64, 16)
-    assert linear_tiles(64, 6144, 1024).split_k == 4 and linear_tiles(3, 24, 512).split_k == 4
+    assert linear_tiles(64, 6144, 1024).split_k == 4 and linear_tiles(3, 24, 512).split_k == 2  # 2 steps a split
+    # one TP8 rank's linears at 4 rows as the H100 sweep of 2026-12-06 found fastest (benchmarks/mxfp8_speed_sweep.py
+    # linear-v1-tiles): qkv + index 12 splits, o_proj 4, dense gate|up 8, shared gate|up 32-wide tiles x 16
+    got = {(n, k): (linear_tiles(4, n, k).block_n, linear_tiles(4, n, k).split_k)
+           for n, k in ((1920, 6144), (6144, 1024), (3072, 6144), (768, 6144), (6144, 384))}
+    assert got == {(1920, 6144): (64, 12), (6144, 1024): (64, 4), (3072, 6144): (64, 8), (768, 6144): (32, 16),
+                   (6144, 384): (64, 1)}  # shared down: three steps, not split
+    assert all(linear_tiles(16, n, k) == linear_tiles(4, n, k) for n, k in got)
 
 
 def test_mxfp8_linear_keeps_leading_dims_and_reads_the_scales():
