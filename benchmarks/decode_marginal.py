@@ -1,0 +1,174 @@
+"""What each kernel of the rank's decode step costs where it runs: the CUDA-graph-replayed step with one kind of
+kernel launched twice, against the step as it is.
+
+    python benchmarks/decode_marginal.py --budget-gb 66          # H100: 37 layers; H200: 60 (no --budget-gb)
+    python benchmarks/decode_marginal.py --batches 1 4 --ops-set skinny-pdl-side-whole
+
+A profile sums each kernel's own time, which under PDL also holds its wait for the kernel before it, and misses the
+gaps between launches (performance.md 2g: 68 us of kernels in a 80 us layer; the kernels it showed as slow sped up
+alone without moving the step, 2h). Here every call of one kind of kernel runs twice in a row (the same inputs and
+outputs: each is a pure function of its inputs or rewrites the same values), so the step computes the same bits
+(checked) and takes longer by what one more such launch costs in the chain, its launch and its wait included:
+(doubled - base) / calls. That is the time a fusion removing the kernel could save at most (and a faster kernel
+gains at most its share of it). Kinds: the residual add + norm, the norm / RoPE / cache write, the MSA index
+(block scores + top-k), attention (+ split-KV combine), the plain GEMMs by role (q|k|v(|index), o_proj, the fp32
+router, the shared expert's gate|up and down, the dense MLP's), the router's top-k + alignment, and the routed
+experts (gate|up, down, sum). Rows: the realistic routing's first draw and all-local, per batch. Same rank and
+shapes as decode_step.py (its build_rank).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch
+from decode_routing import Routing, set_routing
+from decode_setup import OpsSet, decode_meta, graphed, median_ms, pdl_mode, set_ops
+from decode_step import _base_plan, build_rank, draw_ids, parse_args as step_args
+
+from m3bench.runtime.attention import triton_backend
+from m3bench.runtime.layers import attention, linear, mlp, moe, norm
+
+# (kind, module, function names): every call of the function through that module runs twice
+SITES = {
+    "add + norm": (norm, ("add_rms_norm_fused",)),
+    "norm / RoPE / write": (attention, ("norm_rope_write", "norm_rope_write_pair")),
+    "MSA index (scores + top-k)": (triton_backend, ("msa_select_blocks",)),
+    "attention (+ combine)": (triton_backend, ("paged_attention",)),
+    "router top-k + align": (moe, ("router_topk_align",)),
+    "routed experts": (moe, ("fused_moe",)),
+}
+GEMMS = ("q|k|v(|index)", "o_proj", "router GEMV", "shared gate|up", "shared down", "dense MLP")
+
+
+def gemm_role(x: torch.Tensor, weight: torch.Tensor, gate) -> str:
+    """A plain GEMM's role in the rank from its weight (decode_floor.RANK's shapes)."""
+    n, k = weight.shape
+    if weight.dtype == torch.float32:
+        return "router GEMV"
+    if gate is not None:
+        return "shared gate|up" if n <= 1024 else "dense MLP"
+    if k == 1024:
+        return "o_proj"
+    if n < 6144 and k == 6144:
+        return "q|k|v(|index)"
+    return "shared down" if k <= 512 else "dense MLP"
+
+
+@contextmanager
+def doubled(kind: str, counter: list):
+    """Inside: every call of `kind` runs twice (counted in counter[0], once a call)."""
+    patched = []
+    if kind in SITES:
+        mod, names = SITES[kind]
+        for name in names:
+            patched.append((mod, name, getattr(mod, name)))
+            setattr(mod, name, _twice(getattr(mod, name), counter))
+    else:
+        for mod in (linear, mlp):
+            fn = mod.skinny_linear
+            patched.append((mod, "skinny_linear", fn))
+            mod.skinny_linear = _twice(fn, counter, lambda a, kw: gemm_role(a[0], a[1], kw.get("gate")) == kind)
+    try:
+        yield
+    finally:
+        for mod, name, fn in patched:
+            setattr(mod, name, fn)
+
+
+def _twice(fn, counter: list, this=lambda a, kw: True):
+    def run(*a, **kw):
+        if this(a, kw):
+            counter[0] += 1
+            fn(*a, **kw)
+        return fn(*a, **kw)
+    return run
+
+
+@torch.inference_mode()
+def marginal_rows(model, kv, plan, B: int, routing: Routing, dev, layers: int) -> list[dict]:
+    s = plan.shapes
+    meta, ids = decode_meta(s, B, plan.contexts[0], dev), draw_ids(s.vocab, B, plan.contexts[0], 0).to(dev)
+    out = torch.empty(B, s.vocab, dtype=torch.float32, device=dev)
+
+    def step():
+        out.copy_(model.compute_logits(model(ids, meta.positions, meta, kv)))
+
+    set_routing(model, routing)
+    run, _ = graphed(step, dev)
+    base_ms, want = median_ms(run, dev, plan.warmup, plan.repeats), out.clone()
+    del run
+    rows = []
+    for kind in (*SITES, *GEMMS):
+        counter = [0]
+        with doubled(kind, counter):
+            step()  # eager once: count the calls a step makes
+            calls, counter[0] = counter[0], 0
+            run, _ = graphed(step, dev)
+            ms = median_ms(run, dev, plan.warmup, plan.repeats)
+            same = bool(torch.equal(out, want))
+            del run
+        us = (ms - base_ms) * 1e3 / calls if calls else float("nan")
+        rows.append({"batch": B, "routing": routing.value, "kind": kind, "calls": calls, "base_ms": base_ms,
+                     "doubled_ms": ms, "us_per_call": us, "us_per_layer": us * calls / layers, "same_bits": same})
+        print(f"  B={B} {routing.value:<9} {kind:<26} calls {calls:4d}  base {base_ms:7.3f} ms  doubled {ms:7.3f} ms"
+              f"  +{us:6.2f} us a call  {us * calls / layers:6.2f} us a layer{'' if same else '  BITS DIFFER'}",
+              flush=True)
+    return rows
+
+
+def table(rows: list[dict], layers: int) -> str:
+    lines = [f"marginal cost of one more launch in the replayed step ({layers} layers): us a call (us a layer)",
+             f"{'kind':<28}" + "".join(f"{'B=' + str(b) + ' ' + r:>24}" for b, r in _cols(rows))]
+    for kind in dict.fromkeys(r["kind"] for r in rows):
+        cells = [next(r for r in rows if r["kind"] == kind and (r["batch"], r["routing"]) == c) for c in _cols(rows)]
+        lines.append(f"{kind:<28}" + "".join(f"{c['us_per_call']:>13.2f} ({c['us_per_layer']:6.2f})" for c in cells))
+    return "\n".join(lines)
+
+
+def _cols(rows):
+    return list(dict.fromkeys((r["batch"], r["routing"]) for r in rows))
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batches", type=int, nargs="+", default=[1])
+    ap.add_argument("--context", type=int, default=8192)
+    ap.add_argument("--budget-gb", type=float, default=None, help="as decode_step.py (H100: 66)")
+    ap.add_argument("--ops-set", default=OpsSet.SKINNY_PDL_SIDE_WHOLE.value, choices=[o.value for o in OpsSet])
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print("no CUDA device: run on the H200 / H100", file=sys.stderr)
+        return 2
+    dev = torch.device("cuda")
+    step = step_args(["--batches", *map(str, args.batches), "--contexts", str(args.context)]
+                     + (["--budget-gb", str(args.budget_gb)] if args.budget_gb else []))
+    plan = replace(_base_plan(step), batches=tuple(args.batches), contexts=(args.context,))
+    model, kv = build_rank(plan, dev)
+    rows = []
+    with pdl_mode():
+        set_ops(model, OpsSet(args.ops_set))
+        for B in plan.batches:
+            for routing in (Routing.REALISTIC, Routing.ALL_LOCAL):
+                rows += marginal_rows(model, kv, plan, B, routing, dev, plan.layers)
+    print(table(rows, plan.layers))
+    if os.environ.get("OUT"):
+        (Path(os.environ["OUT"]) / "decode_marginal.json").write_text(json.dumps(rows, indent=1))
+    return 0 if all(r["same_bits"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
