@@ -10,7 +10,8 @@ alone without moving the step, 2h). Here every call of one kind of kernel runs t
 outputs: each is a pure function of its inputs or rewrites the same values), so the step computes the same bits
 (checked) and takes longer by what one more such launch costs in the chain, its launch and its wait included:
 (doubled - base) / calls. That is the time a fusion removing the kernel could save at most (and a faster kernel
-gains at most its share of it). Kinds: the residual add + norm, the norm / RoPE / cache write, the MSA index
+gains at most its share of it). One caveat: the second call finds in L2 what the first read, so for a GEMM whose
+weights fit the L2 (q|k|v 23.6 MB, o_proj 12.6 MB of 50 MB) the figure is a lower bound of its cold cost. Kinds: the residual add + norm, the norm / RoPE / cache write, the MSA index
 (block scores + top-k), attention (+ split-KV combine), the plain GEMMs by role (q|k|v(|index), o_proj, the fp32
 router, the shared expert's gate|up and down, the dense MLP's), the router's top-k + alignment, and the routed
 experts (gate|up, down, sum). Rows: the realistic routing's first draw and all-local, per batch. Same rank and
