@@ -104,12 +104,13 @@ class Attention(nn.Module):
 
     def _attend(self, x, fused: bool, cos, sin, meta: AttnMetadata, kv: KVCache, backend) -> torch.Tensor:
         """The projection, both branches' norm / RoPE / writes, then dense or MSA attention, one after another."""
-        writes = self._heads_writes(x, kv) if fused and self.fuse_qkv_heads else None
-        if writes is not None:
+        writes = self._branch_writes(kv) if fused else None  # built once, for either fused path
+        if writes is not None and self.fuse_qkv_heads and self._heads_run(x, self.qkv.weight, writes):
             q, iq = self._project_heads(x, writes, cos, sin, meta)
         else:
             y = self.qkv(x)
-            q, iq = (self._prepare_fused if fused else self._prepare_torch)(y, cos, sin, meta, kv)
+            q, iq = self._prepare_fused(y, cos, sin, meta, writes) if fused else self._prepare_torch(y, cos, sin,
+                                                                                                      meta, kv)
         if not self.sparse:
             return backend.dense(self.layer, q, meta, kv, self.scale)
         if self.index_pick is not None:
@@ -150,22 +151,17 @@ class Attention(nn.Module):
         return main, BranchWrite(Branch(at[3], at[4], 0, sizes[3] // di, 1, 0, di), self.index_q_norm.weight,
                                  self.index_k_norm.weight, ik)
 
-    def _prepare_fused(self, y, cos, sin, meta: AttnMetadata, kv: KVCache):
-        """As _prepare_torch, one Triton launch per branch, or one for both (fuse_branches: kernels.norm_rope)."""
+    def _prepare_fused(self, y, cos, sin, meta: AttnMetadata, writes: tuple[BranchWrite, ...]):
+        """As _prepare_torch over the branches' writes (_branch_writes), one Triton launch per branch, or one for
+        both (fuse_branches: kernels.norm_rope)."""
         gemma, eps = self.cfg.norm is NormKind.GEMMA, self.cfg.rms_norm_eps
         write = lambda w: norm_rope_write(y, w.branch, w.q_weight, w.k_weight, eps, gemma, cos, sin,  # noqa: E731
                                           meta.slot_mapping, w.k_cache, w.v_cache)
-        writes = self._branch_writes(kv)
         if not self.sparse:
             return write(writes[0]), None
         if self.fuse_branches:
             return norm_rope_write_pair(y, *writes, eps, gemma, cos, sin, meta.slot_mapping)
         return write(writes[0]), write(writes[1])
-
-    def _heads_writes(self, x: torch.Tensor, kv: KVCache) -> tuple[BranchWrite, ...] | None:
-        """The branches' writes where the projection can end in them this call; else None."""
-        writes = self._branch_writes(kv)
-        return writes if self._heads_run(x, self.qkv.weight, writes) else None
 
     def _heads_run(self, x: torch.Tensor, w: torch.Tensor, writes: tuple[BranchWrite, ...]) -> bool:
         """x @ w (the fused weight or some of its rows) ends in the writes' heads (kernels.skinny_heads): few rows
