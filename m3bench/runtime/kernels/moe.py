@@ -13,7 +13,8 @@ fp32 global per row [E, I] / [E, H]). The kernels dequantize either in registers
 `shared=SharedExpert(w_gate [I_s, H], w_up [I_s, H], w_down [H, I_s])` (plain weights, the routed
 experts plain too) adds the shared expert as one more expert every token picks with weight 1, in the
 same launches; batches of at most SKINNY_TOKENS tokens then split the gate+up reduction (split-K,
-`MoeTiles.split_k`) so the few weight rows a skinny batch reads spread over the whole GPU.
+`MoeTiles.split_k`) so the few weight rows a skinny batch reads spread over the whole GPU. Without the shared
+expert, plain routed experts split K up to ROUTED_SPLIT_TOKENS tokens (one active expert then fills the GPU).
 `add` ([T, H] in x's dtype, or a callable giving it) joins the final sum (fp32) where the first-generation
 kernels run (plain experts, or MoeTiles given; the tile-dequantizing ones refuse it): a callable is called right before the sum's launch, so a caller can join a
 side stream (kernels/lanes.py) that made it while the experts ran.
@@ -114,6 +115,12 @@ class MoeTiles:
 
 MIN_PROGRAMS = 264  # two waves of 132 SMs: narrow N tiles until the skinny GEMMs fill them
 SKINNY_TOKENS = 4  # with a shared expert, batches up to this many tokens run the split-K path
+# Without it (the shared expert beside, layers.moe.SharedBeside), plain routed experts split K up to this many tokens
+# (skinny_tiles(inter, inter, hidden)): a decode rank at B1 has 0-1 local picks in ~92% of its MoE layers, and one
+# expert on moe_tiles' grid (N tiles for four active blocks) ran 59.4 us against 37.4 at the floor, four at 96%
+# (H100, benchmarks/moe_picks.py, 2026-12-06). 0 (off) until the split is timed on a GPU (moe_picks.py's
+# bf16-split rows, then the decode step).
+ROUTED_SPLIT_TOKENS = 0
 MAX_SPLIT_K = 32
 
 
@@ -121,9 +128,12 @@ def moe_tiles(n_pairs: int, n_experts: int, inter: int, hidden: int, shared_inte
               n_tok: int = 0) -> MoeTiles:
     """Skinny batches: BLOCK_M 16 (M padded to 16) and N tiles narrowed until the grid of the
     few active experts fills the GPU; bigger batches: larger M tiles. With a shared expert (its
-    intermediate shared_inter) and at most SKINNY_TOKENS tokens: split-K (skinny_tiles)."""
+    intermediate shared_inter) and at most SKINNY_TOKENS tokens, or without one at most ROUTED_SPLIT_TOKENS:
+    split-K (skinny_tiles)."""
     if shared_inter and n_tok <= SKINNY_TOKENS:
         return skinny_tiles(inter, shared_inter, hidden)
+    if 0 < n_tok <= ROUTED_SPLIT_TOKENS:  # one active routed expert fills the GPU by itself
+        return skinny_tiles(inter, inter, hidden)
     per_expert = n_pairs / max(1, n_experts)  # mean pairs of an expert (upper bound of active)
     if per_expert <= 8:
         base = MoeTiles(16, 64, 128, num_warps=4, num_stages=4)
@@ -320,7 +330,7 @@ def _launch_gate_up(x, wg, wu, inter, sorted_ids, block_expert, n_post, top_k, a
     fmt = _fmt_code(scales, wg)
     n_routed = top_k * x.shape[0]
     n_all = n_routed + (x.shape[0] if shared is not None else 0)
-    split = tiles.split_k if shared is not None and scales is None else 1
+    split = tiles.split_k if scales is None else 1  # split-K tiles: skinny_tiles (plain experts)
     part = x.new_empty((split, n_all, 2 * n_inter), dtype=torch.float32) if split > 1 else inter
     ws = shared or SharedExpert(wg, wu, wg)  # dummies without a shared expert
     grid = (block_expert.shape[0], gate_up_programs(n_inter, shared.inter if shared else 0, split, tiles))
@@ -340,7 +350,7 @@ def _launch_gate_up(x, wg, wu, inter, sorted_ids, block_expert, n_post, top_k, a
     )
     if split > 1:
         _launch_act(part, inter, sorted_ids, block_expert, n_post, n_all, act, alpha, limit, tiles, wg.shape[0],
-                    shared.inter)
+                    shared.inter if shared is not None else 0)
 
 
 def gate_up_programs(n_inter: int, n_shared_inter: int, split: int, tiles: MoeTiles) -> int:

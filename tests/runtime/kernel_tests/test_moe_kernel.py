@@ -157,6 +157,38 @@ def test_skinny_tiles_fill_the_gpu_with_the_shared_expert_alone():
     assert gate_up_programs(3072, 384, t.split_k, t) == max(96 * t.split_k_routed, 12 * t.split_k) <= 512
 
 
+def test_one_token_without_the_shared_expert_splits_the_routed_experts(monkeypatch):
+    """The shared expert beside (not in the fused MoE): at ROUTED_SPLIT_TOKENS tokens (0, off, until timed) the
+    routed experts split K so one active expert alone fills the GPU (one TP8/EP8 rank at B1); else as before."""
+    from m3bench.runtime.kernels import moe
+    from m3bench.runtime.kernels.moe import MIN_PROGRAMS, gate_up_programs, moe_tiles
+
+    assert moe.ROUTED_SPLIT_TOKENS == 0 and moe_tiles(4, 16, 3072, 6144, n_tok=1).split_k == 1
+    monkeypatch.setattr(moe, "ROUTED_SPLIT_TOKENS", 1)
+    t = moe_tiles(4, 16, 3072, 6144, n_tok=1)
+    assert t.split_k == t.split_k_routed > 1 and t.block_m == 16
+    assert gate_up_programs(3072, 0, t.split_k, t) == -(-3072 // t.block_n) * t.split_k_routed >= MIN_PROGRAMS
+    assert -(-6144 // t.n_down) >= MIN_PROGRAMS  # the down GEMM of one expert too
+    assert moe_tiles(8, 16, 3072, 6144, n_tok=2).split_k == 1 and moe_tiles(4, 16, 3072, 6144).split_k == 1
+
+
+@pytest.mark.parametrize("local", [0, 1, 2])
+def test_one_token_split_routed_experts_match_the_reference(local):
+    """One token, top-4 over 16 local experts + other ranks' (-1), 0-2 of them local, on the decode tiles (split K,
+    the partials summed by the activation kernel): the fp64 reference."""
+    from m3bench.runtime.kernels.moe import skinny_tiles
+
+    p = _problem(50 + local, n_tok=1, top_k=4, n_exp=16, hidden=256)
+    p["topk_ids"][0] = torch.tensor([3, 9, -1, -1][:local] + [-1] * (4 - local), dtype=p["topk_ids"].dtype)
+    inter = p["w_down"].shape[2]
+    tiles = skinny_tiles(inter, inter, 256)  # what moe_tiles gives at ROUTED_SPLIT_TOKENS
+    assert tiles.split_k > 1
+    out = torch.full_like(p["x"], float("nan"))
+    fused_moe(**p, out=out, backend=KernelBackend.TRITON, tiles=tiles)
+    want = fused_moe_ref(**{k: v.double() if v.is_floating_point() else v for k, v in p.items()})
+    assert torch.isfinite(out).all() and torch.allclose(out.double(), want, atol=1e-4, rtol=1e-4)
+
+
 def test_shared_align_with_torch_align(monkeypatch):
     from m3bench.runtime.kernels import moe
 
