@@ -161,8 +161,22 @@ def first_generation_tiles(n_tok: int, top_k: int, n_experts: int, inter: int, h
     """The tiles fused_moe runs its first-generation kernels on when a call names none: quantized experts
     mx_moe_tiles, plain ones moe_tiles (with the shared expert inside at a few tokens: its split-K)."""
     if quantized:
+        if 0 < n_tok <= ROUTED_SPLIT_TOKENS and not shared_inter:
+            return mx_split_tiles(inter, hidden)
         return mx_moe_tiles(n_tok * top_k, n_experts, inter, hidden)
     return moe_tiles(n_tok * top_k, n_experts, inter, hidden, shared_inter, n_tok)
+
+
+def mx_split_tiles(inter: int, hidden: int) -> MoeTiles:
+    """One token's quantized routed experts (MXFP8, NVFP4 codes as e4m3 bytes) with K split so one active expert's
+    gate|up fills MIN_PROGRAMS programs: BLOCK_N 64 and BLOCK_K 128 (mx_moe_tiles'), down N tiles 32; the partials
+    summed by the activation kernel. What first_generation_tiles gives at ROUTED_SPLIT_TOKENS (off until timed:
+    one MXFP8 expert at one token ran at 27% of the floor on mx_moe_tiles' grid, H100, benchmarks/moe_picks.py)."""
+    block_n, block_k = 64, 128
+    split = max(1, min(MAX_SPLIT_K, next_pow2(math.ceil(MIN_PROGRAMS / math.ceil(inter / block_n))),
+                       hidden // block_k))
+    return MoeTiles(16, block_n, block_k, num_warps=4, num_stages=3, block_n_down=32, split_k=split,
+                    split_k_routed=split)
 
 
 def skinny_tiles(inter: int, shared_inter: int, hidden: int, block_n: int = 32, block_k: int = 64) -> MoeTiles:
@@ -330,7 +344,7 @@ def _launch_gate_up(x, wg, wu, inter, sorted_ids, block_expert, n_post, top_k, a
     fmt = _fmt_code(scales, wg)
     n_routed = top_k * x.shape[0]
     n_all = n_routed + (x.shape[0] if shared is not None else 0)
-    split = tiles.split_k if scales is None else 1  # split-K tiles: skinny_tiles (plain experts)
+    split = tiles.split_k  # split-K tiles: skinny_tiles (the shared expert inside, or plain routed ones), mx_split_tiles
     part = x.new_empty((split, n_all, 2 * n_inter), dtype=torch.float32) if split > 1 else inter
     ws = shared or SharedExpert(wg, wu, wg)  # dummies without a shared expert
     grid = (block_expert.shape[0], gate_up_programs(n_inter, shared.inter if shared else 0, split, tiles))

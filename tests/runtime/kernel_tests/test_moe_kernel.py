@@ -170,6 +170,11 @@ def test_one_token_without_the_shared_expert_splits_the_routed_experts(monkeypat
     assert gate_up_programs(3072, 0, t.split_k, t) == -(-3072 // t.block_n) * t.split_k_routed >= MIN_PROGRAMS
     assert -(-6144 // t.n_down) >= MIN_PROGRAMS  # the down GEMM of one expert too
     assert moe_tiles(8, 16, 3072, 6144, n_tok=2).split_k == 1 and moe_tiles(4, 16, 3072, 6144).split_k == 1
+    quantized = moe.first_generation_tiles(1, 4, 16, 3072, 6144, True)  # MXFP8 experts: their own split tiles
+    assert quantized == moe.mx_split_tiles(3072, 6144) and quantized.split_k > 1
+    assert moe.first_generation_tiles(2, 4, 16, 3072, 6144, True) == moe.mx_moe_tiles(8, 16, 3072, 6144)
+    monkeypatch.setattr(moe, "ROUTED_SPLIT_TOKENS", 0)
+    assert moe.first_generation_tiles(1, 4, 16, 3072, 6144, True) == moe.mx_moe_tiles(4, 16, 3072, 6144)
 
 
 @pytest.mark.parametrize("local", [0, 1, 2])

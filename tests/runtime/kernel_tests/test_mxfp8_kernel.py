@@ -109,6 +109,31 @@ def test_mxfp8_fused_moe_matches_dequantized_fp32(tiles):
     assert torch.allclose(torch_path.double(), want, atol=1e-3, rtol=1e-4)
 
 
+@pytest.mark.parametrize("local", [0, 1, 2])
+def test_mxfp8_routed_experts_split_k_at_one_token(local):
+    """One token, 0-2 of its four picks local, MXFP8 experts on mx_split_tiles (K split, the partials summed by the
+    activation kernel), row- and block-major: dequantize-then-matmul in fp64; the split tiles fill the GPU with one
+    active expert at one rank's shapes."""
+    from m3bench.runtime.kernels.moe import MIN_PROGRAMS, gate_up_programs, mx_split_tiles
+
+    g = torch.Generator().manual_seed(60 + local)
+    n_exp, hidden, inter = 6, 256, 96
+    (wgu, sgu), (wd, sd) = _mx(g, n_exp, 2 * inter, hidden), _mx(g, n_exp, hidden, inter)
+    ids = torch.tensor([[1, 4, -1, -1][:local] + [-1] * (4 - local)], dtype=torch.int32)
+    x, w = torch.randn(1, hidden, generator=g) * 2, torch.rand(1, 4, generator=g) + 0.1
+    scales = MoeScales(sgu[:, :inter], sgu[:, inter:], sd)
+    tiles = mx_split_tiles(inter, hidden)
+    assert tiles.split_k == tiles.split_k_routed == 2  # hidden 256: two K steps of 128
+    dq = lambda a, s: quant.dequant_mxfp8(a, s, torch.float64)  # noqa: E731
+    want = fused_moe_ref(x.double(), dq(wgu, sgu)[:, :inter], dq(wgu, sgu)[:, inter:], dq(wd, sd), ids, w.double())
+    bgu, bd = quant.block_major(wgu), quant.block_major(wd)
+    for gu, d in ((wgu, wd), (bgu, bd)):
+        got = fused_moe(x, gu[:, :inter], gu[:, inter:], d, ids, w, backend=T, tiles=tiles, scales=scales)
+        assert torch.allclose(got.double(), want, atol=1e-3, rtol=1e-4)
+    rank = mx_split_tiles(3072, 6144)
+    assert gate_up_programs(3072, 0, rank.split_k, rank) >= MIN_PROGRAMS and rank.split_k == 8
+
+
 def test_block_major_weights_give_the_same_results():
     """quant.block_major weights (a K step's 32-wide block of consecutive rows contiguous) through the first
     kernels: the same sums in the same order, so bit for bit the row-major results; the torch path reads them too."""
