@@ -199,6 +199,8 @@ class OpsSet(Enum):
     #                                        write, block scores, top-k) on a side lane beside q|k|v (Attention.
     #                                        index_beside, up to 4 rows; off by default)
     HEADS_INDEX = "skinny-pdl-side-whole-heads-index"  # both: each lane's GEMM ending in its heads
+    SPLIT = "skinny-pdl-side-whole-split"  # skinny-pdl-side-whole + the routed experts splitting K at one token
+    #                                        (kernels.moe.ROUTED_SPLIT_TOKENS 1; off by default until timed)
 
     def holds(self, other: "OpsSet") -> bool:
         order = list(OpsSet)
@@ -226,23 +228,28 @@ def beside_of(ops: OpsSet):
 @contextmanager
 def pdl_mode(mode=None):
     """Inside: the process-wide PDL switch (kernels.backend.PDL) set to `mode` (None: left as it is, though set_ops
-    may change it); restored after."""
+    may change it); restored after, with the routed experts' split (kernels.moe.ROUTED_SPLIT_TOKENS) set_ops may
+    change too."""
     from m3bench.runtime.kernels.backend import PDL
 
-    before = PDL["launch"]
+    from m3bench.runtime.kernels import moe
+
+    before, split = PDL["launch"], moe.ROUTED_SPLIT_TOKENS
     if mode is not None:
         PDL["launch"] = mode
     try:
         yield
     finally:
-        PDL["launch"] = before
+        PDL["launch"], moe.ROUTED_SPLIT_TOKENS = before, split
 
 
 def set_ops(model, ops: OpsSet) -> None:
     """Switch the model's fast path to the fused ops of `ops` (TritonBackend.fuse_ops, SparseMoe's
     fuse_router / fuse_shared / fuse_align / fuse_router_input / shared_beside, Attention.fuse_branches /
     fuse_qkv_heads / index_beside, GatedMLP.fuse_act,
-    the layers' skinny_rows) and the process to its PDL mode (kernels.backend.PDL; pdl_mode() restores it)."""
+    the layers' skinny_rows) and the process to its PDL mode and routed-expert split (kernels.backend.PDL,
+    kernels.moe.ROUTED_SPLIT_TOKENS; pdl_mode() restores both)."""
+    from m3bench.runtime.kernels import moe as moe_kernels
     from m3bench.runtime.kernels.backend import PDL
     from m3bench.runtime.kernels.skinny import SKINNY_MAX_ROWS
     from m3bench.runtime.layers.linear import set_skinny_rows
@@ -250,6 +257,7 @@ def set_ops(model, ops: OpsSet) -> None:
 
     fused, fused_v1 = ops.holds(OpsSet.FUSED), ops.holds(OpsSet.FUSED_V1)
     PDL["launch"] = pdl_of(ops)
+    moe_kernels.ROUTED_SPLIT_TOKENS = 1 if ops is OpsSet.SPLIT else 0
     if hasattr(model.backend, "fuse_ops"):
         model.backend.fuse_ops = fused_v1
     set_skinny_rows(model, SKINNY_MAX_ROWS if ops.holds(OpsSet.SKINNY) else 0)

@@ -191,14 +191,17 @@ def run_checks(sh: Shapes, dev, gen) -> dict[str, float]:
 # ---- the decode step of the rank's layers --------------------------------------------------------
 
 def decode_step_rows(layers_bf16: int, layers_mx: int, batches: tuple[int, ...], ctx: int, dev,
-                     formats: tuple[str, ...] = ("plain", "mxfp8", "nvfp4-experts")) -> list[dict]:
+                     formats: tuple[str, ...] = ("plain", "mxfp8", "nvfp4-experts"),
+                     routed_splits: tuple[int, ...] = (0,)) -> list[dict]:
     """Step ms of the TP8/EP8 rank model (decode_step.py's shapes) in bf16, MXFP8 (row- and block-major) and
     NVFP4-expert weights (the ModelOpt release's mix: NVFP4 routed experts, MXFP8 block-major elsewhere), packed
-    and with the experts' codes held as e4m3 bytes (runtime.nv_codes)."""
+    and with the experts' codes held as e4m3 bytes (runtime.nv_codes); each batch under every
+    kernels.moe.ROUTED_SPLIT_TOKENS of `routed_splits` (a row's label names any but 0)."""
     from decode_floor import M3Shapes
     from decode_setup import decode_meta, fill_random_, graphed, hf_m3_config, median_ms, our_config
 
     from m3bench.runtime.attention.select import make_backend
+    from m3bench.runtime.kernels import moe as moe_kernels
     from m3bench.runtime.kv_cache import KVCache, KVDtype
     from m3bench.runtime.layers.weight_format import LinearFormat, MxLayout, NvCodes, set_mx_layout, set_nv_codes
     from m3bench.runtime.model import M3ForCausalLM
@@ -229,13 +232,19 @@ def decode_step_rows(layers_bf16: int, layers_mx: int, batches: tuple[int, ...],
                 set_mx_layout(model, layout)
             for b in batches:
                 meta, ids = decode_meta(s, b, ctx, dev), torch.randint(0, s.vocab, (b,), device=dev)
-                run, graph = graphed(lambda: model.compute_logits(model(ids, meta.positions, meta, kv)), dev)
-                ms = median_ms(run, dev, 3, 20)
-                rows.append({"weights": label, "layers": layers, "batch": b, "context": ctx, "step_ms": ms,
-                             "ms_per_layer": ms / layers, "cuda_graph": graph})
-                print(f"  {label:<18} {layers} layers B={b:<3} step {ms:8.3f} ms ({ms / layers:.3f} ms/layer)",
-                      flush=True)
-                del run, graph
+                for split in routed_splits:
+                    before, moe_kernels.ROUTED_SPLIT_TOKENS = moe_kernels.ROUTED_SPLIT_TOKENS, split
+                    try:
+                        run, graph = graphed(lambda: model.compute_logits(model(ids, meta.positions, meta, kv)), dev)
+                        ms = median_ms(run, dev, 3, 20)
+                    finally:
+                        moe_kernels.ROUTED_SPLIT_TOKENS = before
+                    name = label if not split else f"{label} split<={split}"
+                    rows.append({"weights": name, "layers": layers, "batch": b, "context": ctx, "step_ms": ms,
+                                 "ms_per_layer": ms / layers, "cuda_graph": graph, "routed_split_tokens": split})
+                    print(f"  {name:<18} {layers} layers B={b:<3} step {ms:8.3f} ms ({ms / layers:.3f} ms/layer)",
+                          flush=True)
+                    del run, graph
         del model, kv
         torch.cuda.empty_cache()
     return rows
@@ -274,6 +283,8 @@ def parse_args(argv):
     ap.add_argument("--bf16-layers", type=int, default=40, help="layers of the bf16 rank model (60 do not fit)")
     ap.add_argument("--step-formats", nargs="+", choices=("plain", "mxfp8", "nvfp4-experts"),
                     default=["plain", "mxfp8", "nvfp4-experts"], help="weight formats of the decode-step rows")
+    ap.add_argument("--routed-split", type=int, nargs="+", default=[0],
+                    help="kernels.moe.ROUTED_SPLIT_TOKENS values the decode-step rows run under, side by side")
     ap.add_argument("--context", type=int, default=8192)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--markdown", type=Path, default=None)
@@ -301,7 +312,8 @@ def main(argv=None) -> int:
         print(f"check {k}: rel err {v:.2e} {'FAIL' if k in bad else 'ok'}", flush=True)
     rows = [] if args.steps_only else kernel_rows(sh, dev, gen)
     steps = [] if args.kernels_only or args.tiny else decode_step_rows(args.bf16_layers, 60, (1, 16, 64),
-                                                                       args.context, dev, tuple(args.step_formats))
+                                                                       args.context, dev, tuple(args.step_formats),
+                                                                       tuple(args.routed_split))
     table = (markdown_table(rows) if rows else "") + ("\n\n" + step_table(steps) if steps else "")
     print(table)
     if args.markdown:

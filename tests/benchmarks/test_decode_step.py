@@ -238,6 +238,7 @@ def test_component_checks_return_their_rows_on_cpu(ds):
 
 
 def test_pdl_ops_sets_switch_the_process_and_are_restored(fl, rt):
+    from m3bench.runtime.kernels import moe
     from m3bench.runtime.kernels.backend import PDL, Pdl
 
     _, setup = rt
@@ -254,7 +255,12 @@ def test_pdl_ops_sets_switch_the_process_and_are_restored(fl, rt):
         with setup.pdl_mode(Pdl.EARLY):
             assert PDL["launch"] is Pdl.EARLY
         assert PDL["launch"] is Pdl.OFF
-    assert PDL["launch"] is before
+        setup.set_ops(model, setup.OpsSet.SPLIT)
+        assert moe.ROUTED_SPLIT_TOKENS == 1 and PDL["launch"] is Pdl.ON
+        setup.set_ops(model, setup.OpsSet.SKINNY_PDL_SIDE_WHOLE)
+        assert moe.ROUTED_SPLIT_TOKENS == 0
+        setup.set_ops(model, setup.OpsSet.SPLIT)
+    assert PDL["launch"] is before and moe.ROUTED_SPLIT_TOKENS == 0
 
 
 def test_cpu_smoke_times_pdl_sets_and_checks_under_the_chosen_mode(ds, tmp_path, monkeypatch):
