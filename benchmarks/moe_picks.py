@@ -5,9 +5,10 @@ one in ~33% (16 of 128 experts), so the 0- and 1-pick rows are what the realisti
     python benchmarks/moe_picks.py            # H100 / H200, < 1 min: bf16 and MXFP8 (block-major) experts
     TRITON_INTERPRET=1 python benchmarks/moe_picks.py --tiny     # CPU smoke run (tiny shapes)
 
-The tiles are the decode step's (kernels.moe.moe_tiles / mx_moe_tiles at one token, 4 pairs over 16 experts, the
-shared expert beside), and bf16-split / mxfp8-split the routed experts' split-K tiles kernels.moe.ROUTED_SPLIT_TOKENS
-would choose (skinny_tiles(I, I, H), mx_split_tiles(I, H)); each call's picks name other experts than the call before (cold weights: 16 experts are 1.8 GB
+The tiles are the decode step's (kernels.moe.first_generation_tiles at one token, 4 pairs over 16 experts, the
+shared expert beside: moe_tiles / mx_moe_tiles while ROUTED_SPLIT_TOKENS is 0), and bf16-split / mxfp8-split the
+routed experts' split-K tiles ROUTED_SPLIT_TOKENS would choose (skinny_tiles(I, I, H), mx_split_tiles(I, H)); each
+call's picks name other experts than the call before (cold weights: 16 experts are 1.8 GB
 in bf16). Times: all calls in one CUDA graph, replayed (kernels_gpu.time_us); floor: the picked experts' bytes at
 the device's copy rate (floor_bandwidth.py). Checked first against the fp32 reference at each pick count.
 """
@@ -28,7 +29,7 @@ from mxfp8_gpu import MX_BYTES, TINY, Shapes, make_experts, rel_err
 from mxfp8_speed_sweep import block_major_experts
 
 from m3bench.runtime.kernels.backend import KernelBackend
-from m3bench.runtime.kernels.moe import fused_moe, moe_tiles, mx_moe_tiles, mx_split_tiles, skinny_tiles
+from m3bench.runtime.kernels.moe import first_generation_tiles, fused_moe, mx_split_tiles, skinny_tiles
 from m3bench.runtime.kernels.reference import fused_moe_ref
 
 TRITON = KernelBackend.TRITON
@@ -61,10 +62,10 @@ def main(argv=None) -> int:
     deq_mx = mx["scales"].dequantized(mx["w_gate"], mx["w_up"], mx["w_down"], torch.float32)
     deq_bf = tuple(ex.bf16[k].float() for k in ("w_gate", "w_up", "w_down"))
     for label, weights, wbytes, tiles, deq in (
-            ("bf16", ex.bf16, 2, moe_tiles(sh.top_k, sh.n_local, sh.inter, sh.hidden, n_tok=1), deq_bf),
+            ("bf16", ex.bf16, 2, first_generation_tiles(1, sh.top_k, sh.n_local, sh.inter, sh.hidden, False), deq_bf),
             ("bf16-split", ex.bf16, 2, skinny_tiles(sh.inter, sh.inter, sh.hidden), deq_bf),
-            ("mxfp8", block_major_experts(mx), MX_BYTES, mx_moe_tiles(sh.top_k, sh.n_local, sh.inter, sh.hidden),
-             deq_mx),
+            ("mxfp8", block_major_experts(mx), MX_BYTES,
+             first_generation_tiles(1, sh.top_k, sh.n_local, sh.inter, sh.hidden, True), deq_mx),
             ("mxfp8-split", block_major_experts(mx), MX_BYTES, mx_split_tiles(sh.inter, sh.hidden), deq_mx)):
         for n_local in range(sh.top_k + 1):
             rs = [picks(n_local, c, sh, dev) for c in range(CALLS)]

@@ -14,7 +14,8 @@ fp32 global per row [E, I] / [E, H]). The kernels dequantize either in registers
 experts plain too) adds the shared expert as one more expert every token picks with weight 1, in the
 same launches; batches of at most SKINNY_TOKENS tokens then split the gate+up reduction (split-K,
 `MoeTiles.split_k`) so the few weight rows a skinny batch reads spread over the whole GPU. Without the shared
-expert, plain routed experts split K up to ROUTED_SPLIT_TOKENS tokens (one active expert then fills the GPU).
+expert, routed experts split K up to ROUTED_SPLIT_TOKENS tokens (first_generation_tiles: one active expert then
+fills the GPU).
 `add` ([T, H] in x's dtype, or a callable giving it) joins the final sum (fp32) where the first-generation
 kernels run (plain experts, or MoeTiles given; the tile-dequantizing ones refuse it): a callable is called right before the sum's launch, so a caller can join a
 side stream (kernels/lanes.py) that made it while the experts ran.
@@ -115,11 +116,11 @@ class MoeTiles:
 
 MIN_PROGRAMS = 264  # two waves of 132 SMs: narrow N tiles until the skinny GEMMs fill them
 SKINNY_TOKENS = 4  # with a shared expert, batches up to this many tokens run the split-K path
-# Without it (the shared expert beside, layers.moe.SharedBeside), plain routed experts split K up to this many tokens
-# (skinny_tiles(inter, inter, hidden)): a decode rank at B1 has 0-1 local picks in ~92% of its MoE layers, and one
-# expert on moe_tiles' grid (N tiles for four active blocks) ran 59.4 us against 37.4 at the floor, four at 96%
-# (H100, benchmarks/moe_picks.py, 2026-12-06). 0 (off) until the split is timed on a GPU (moe_picks.py's
-# bf16-split rows, then the decode step).
+# Without it (the shared expert beside, layers.moe.SharedBeside), routed experts split K up to this many tokens
+# (first_generation_tiles: skinny_tiles(inter, inter, hidden), quantized mx_split_tiles): a decode rank at B1 has
+# 0-1 local picks in ~92% of its MoE layers, and one expert on moe_tiles' grid (N tiles for four active blocks) ran
+# 59.4 us against 37.4 at the floor, four at 96% (H100, benchmarks/moe_picks.py, 2026-12-06). 0 (off) until the
+# split is timed on a GPU (moe_picks.py's split rows, then the decode step).
 ROUTED_SPLIT_TOKENS = 0
 MAX_SPLIT_K = 32
 
@@ -128,12 +129,9 @@ def moe_tiles(n_pairs: int, n_experts: int, inter: int, hidden: int, shared_inte
               n_tok: int = 0) -> MoeTiles:
     """Skinny batches: BLOCK_M 16 (M padded to 16) and N tiles narrowed until the grid of the
     few active experts fills the GPU; bigger batches: larger M tiles. With a shared expert (its
-    intermediate shared_inter) and at most SKINNY_TOKENS tokens, or without one at most ROUTED_SPLIT_TOKENS:
-    split-K (skinny_tiles)."""
+    intermediate shared_inter) and at most SKINNY_TOKENS tokens: split-K (skinny_tiles)."""
     if shared_inter and n_tok <= SKINNY_TOKENS:
         return skinny_tiles(inter, shared_inter, hidden)
-    if 0 < n_tok <= ROUTED_SPLIT_TOKENS:  # one active routed expert fills the GPU by itself
-        return skinny_tiles(inter, inter, hidden)
     per_expert = n_pairs / max(1, n_experts)  # mean pairs of an expert (upper bound of active)
     if per_expert <= 8:
         base = MoeTiles(16, 64, 128, num_warps=4, num_stages=4)
@@ -159,10 +157,12 @@ def mx_moe_tiles(n_pairs: int, n_experts: int, inter: int, hidden: int) -> MoeTi
 def first_generation_tiles(n_tok: int, top_k: int, n_experts: int, inter: int, hidden: int, quantized: bool,
                            shared_inter: int = 0) -> MoeTiles:
     """The tiles fused_moe runs its first-generation kernels on when a call names none: quantized experts
-    mx_moe_tiles, plain ones moe_tiles (with the shared expert inside at a few tokens: its split-K)."""
+    mx_moe_tiles, plain ones moe_tiles (with the shared expert inside at a few tokens: its split-K); without the
+    shared expert, at most ROUTED_SPLIT_TOKENS tokens split the routed experts' K (one active expert then fills
+    the GPU by itself): mx_split_tiles, skinny_tiles(inter, inter, hidden)."""
+    if 0 < n_tok <= ROUTED_SPLIT_TOKENS and not shared_inter:
+        return mx_split_tiles(inter, hidden) if quantized else skinny_tiles(inter, inter, hidden)
     if quantized:
-        if 0 < n_tok <= ROUTED_SPLIT_TOKENS and not shared_inter:
-            return mx_split_tiles(inter, hidden)
         return mx_moe_tiles(n_tok * top_k, n_experts, inter, hidden)
     return moe_tiles(n_tok * top_k, n_experts, inter, hidden, shared_inter, n_tok)
 
@@ -173,8 +173,7 @@ def mx_split_tiles(inter: int, hidden: int) -> MoeTiles:
     summed by the activation kernel. What first_generation_tiles gives at ROUTED_SPLIT_TOKENS (off until timed:
     one MXFP8 expert at one token ran at 27% of the floor on mx_moe_tiles' grid, H100, benchmarks/moe_picks.py)."""
     block_n, block_k = 64, 128
-    split = max(1, min(MAX_SPLIT_K, next_pow2(math.ceil(MIN_PROGRAMS / math.ceil(inter / block_n))),
-                       hidden // block_k))
+    split = _fill_split(inter, hidden, block_n, block_k)
     return MoeTiles(16, block_n, block_k, num_warps=4, num_stages=3, block_n_down=32, split_k=split,
                     split_k_routed=split)
 
@@ -183,13 +182,16 @@ def skinny_tiles(inter: int, shared_inter: int, hidden: int, block_n: int = 32, 
     """A batch of a few tokens reads each active expert's weights once: the shared expert alone (or
     one routed expert) must fill MIN_PROGRAMS programs, so the gate+up reduction over `hidden` splits
     into chunks (fewer for the wider routed experts), the down GEMM narrows its N tiles to 16."""
-    def split(n: int) -> int:
-        want = math.ceil(MIN_PROGRAMS / math.ceil(n / block_n))
-        return max(1, min(MAX_SPLIT_K, next_pow2(want), hidden // block_k))
-
-    s_shared = split(shared_inter)
+    s_shared = _fill_split(shared_inter, hidden, block_n, block_k)
     return MoeTiles(16, block_n, block_k, num_warps=4, num_stages=4, block_n_down=16, split_k=s_shared,
-                    split_k_routed=min(s_shared, split(inter)))
+                    split_k_routed=min(s_shared, _fill_split(inter, hidden, block_n, block_k)))
+
+
+def _fill_split(n: int, hidden: int, block_n: int, block_k: int) -> int:
+    """K chunks (a power of two, <= MAX_SPLIT_K and the BLOCK_K steps of `hidden`) that make one expert's n
+    output columns in BLOCK_N tiles fill MIN_PROGRAMS programs."""
+    want = math.ceil(MIN_PROGRAMS / math.ceil(n / block_n))
+    return max(1, min(MAX_SPLIT_K, next_pow2(want), hidden // block_k))
 
 
 def _narrow(block_n: int, blocks: int, n: int) -> int:
@@ -342,9 +344,10 @@ def _launch_gate_up(x, wg, wu, inter, sorted_ids, block_expert, n_post, top_k, a
     gg, gge = _global_args(scales and scales.gate_global, wg)
     gu, gue = _global_args(scales and scales.up_global, wu)
     fmt = _fmt_code(scales, wg)
+    sb = _sub_block(fmt)
     n_routed = top_k * x.shape[0]
     n_all = n_routed + (x.shape[0] if shared is not None else 0)
-    split = tiles.split_k  # split-K tiles: skinny_tiles (the shared expert inside, or plain routed ones), mx_split_tiles
+    split = tiles.split_k  # split-K tiles: skinny_tiles (shared expert inside, or routed alone), mx_split_tiles
     part = x.new_empty((split, n_all, 2 * n_inter), dtype=torch.float32) if split > 1 else inter
     ws = shared or SharedExpert(wg, wu, wg)  # dummies without a shared expert
     grid = (block_expert.shape[0], gate_up_programs(n_inter, shared.inter if shared else 0, split, tiles))
@@ -354,12 +357,12 @@ def _launch_gate_up(x, wg, wu, inter, sorted_ids, block_expert, n_post, top_k, a
         sg, su, sge, sgn, sue, sun, gg, gu, gge, gue,
         n_routed, ws.w_gate, ws.w_up, ws.w_gate.stride(-2), ws.w_up.stride(-2), part,
         part.stride(0) if split > 1 else 0, part.stride(1) if split > 1 else 0,
-        block_stride(wg, 3, _sub_block(fmt)), block_stride(wu, 3, _sub_block(fmt)),
+        block_stride(wg, 3, sb), block_stride(wu, 3, sb),
         H=hidden, I=n_inter, TOPK=top_k, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
         BLOCK_K=tiles.block_k, ACT=ACT_CODE[act], F32=x.dtype == torch.float32 or interpreting(),
         FMT=fmt, SHARED=shared is not None, E_R=wg.shape[0] if shared is not None else -1,
         I_S=shared.inter if shared is not None else 0, SPLIT=split,
-        SPLIT_R=tiles.split_k_routed if split > 1 else 1, SB=_sub_block(fmt),
+        SPLIT_R=tiles.split_k_routed if split > 1 else 1, SB=sb,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages, **pdl_args(x),
     )
     if split > 1:
@@ -396,16 +399,17 @@ def _launch_down(inter, wd, y, sorted_ids, block_expert, n_post, weights, tiles,
     sd, sde, sdn = _scale_args(scales and scales.down, wd)
     gd, gde = _global_args(scales and scales.down_global, wd)
     fmt = _fmt_code(scales, wd)
+    sb = _sub_block(fmt)
     wsd = wd if shared is None else shared.w_down
     grid = (block_expert.shape[0], math.ceil(hidden / tiles.n_down))
     moe_down_kernel[grid](
         inter, wd, y, sorted_ids, block_expert, n_post, weights, y.shape[0],
         inter.stride(0), wd.stride(0), wd.stride(1), y.stride(0), sd, sde, sdn, gd, gde,
-        weights.shape[0], wsd, wsd.stride(-2), block_stride(wd, 3, _sub_block(fmt)),
+        weights.shape[0], wsd, wsd.stride(-2), block_stride(wd, 3, sb),
         I=n_inter, H=hidden, BLOCK_M=tiles.block_m, BLOCK_N=tiles.n_down, BLOCK_K=tiles.block_k,
         F32=inter.dtype == torch.float32 or interpreting(), FMT=fmt,
         SHARED=shared is not None, E_R=wd.shape[0] if shared is not None else -1,
-        I_S=shared.inter if shared is not None else 0, SB=_sub_block(fmt),
+        I_S=shared.inter if shared is not None else 0, SB=sb,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages, **pdl_args(inter),
     )
 

@@ -64,11 +64,13 @@ def block_k_for(k: int, largest: int) -> int:
     return bk
 
 
-def split_for(tiles: int, k: int, block_k: int, capacity: int) -> int:
+def split_for(tiles: int, k: int, block_k: int, capacity: int, min_steps: int = 1) -> int:
     """The largest divisor of K / BLOCK_K (<= MAX_SPLIT) that keeps the grid within one wave of `capacity`
-    programs (1 when the tiles alone fill it): every load of the GEMM in flight at once, no tail wave."""
+    programs (1 when the tiles alone fill it) and each split at `min_steps` BLOCK_K steps or more: every load of
+    the GEMM in flight at once, no tail wave."""
     steps = k // block_k
-    fits = [d for d in range(1, min(steps, MAX_SPLIT) + 1) if steps % d == 0 and tiles * d <= capacity]
+    fits = [d for d in range(1, min(steps, MAX_SPLIT) + 1)
+            if steps % d == 0 and tiles * d <= capacity and steps // d >= min_steps]
     return fits[-1] if fits else 1
 
 
@@ -111,8 +113,13 @@ def check_split(t: MxTiles, m: int, n: int, k: int) -> None:
     """The split K of tiles t divides K, and its output tiles fit the split counters."""
     if k % (t.split_k * t.block_k):
         raise ValueError(f"split_k {t.split_k} x block_k {t.block_k} does not divide K {k}")
-    if t.split_k > 1 and t.grid(m, n)[0] > COUNTERS:
-        raise ValueError(f"{t.grid(m, n)[0]} output tiles exceed the {COUNTERS} split counters")
+    check_counters(t.grid(m, n)[0], t.split_k)
+
+
+def check_counters(tiles: int, split: int) -> None:
+    """A launch of `tiles` output tiles whose K is split `split` ways fits the split counters."""
+    if split > 1 and tiles > COUNTERS:
+        raise ValueError(f"{tiles} output tiles exceed the {COUNTERS} split counters")
 
 
 def mx_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,

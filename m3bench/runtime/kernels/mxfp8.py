@@ -20,14 +20,15 @@ import torch.nn.functional as F
 from m3bench.runtime import quant
 from m3bench.runtime.kernels.backend import KernelBackend, interpreting, pdl_args, use_triton
 from m3bench.runtime.kernels.mx_linear import (
-    COUNTERS,
     MAX_SPLIT,
     PER_SM,
     SMS,
     MxTiles,
     block_stride,
+    check_counters,
     mx_linear,
     split_counters,
+    split_for,
 )
 from m3bench.runtime.kernels.quant_kernels import QuantKernels, linear_generation
 
@@ -46,17 +47,17 @@ class LinearTiles:
 
 def linear_tiles(m: int, n: int, k: int = 0, sms: int = SMS) -> LinearTiles:
     """Skinny M (decode): BLOCK_M the rows padded to 16 (32, 64), BLOCK_N 64 (32 where 64-wide tiles split
-    MAX_SPLIT ways fill at most half a wave), then the largest split of K into whole 128-steps (<= MAX_SPLIT, at
-    least MIN_SPLIT_STEPS a split) that keeps the grid within one wave of resident programs (mx_linear.PER_SM). H100 sweep on block-major weights
-    (benchmarks/mxfp8_speed_sweep.py linear-v1-tiles, 2026-12-06), 4 / 16 rows: qkv + index 1920 x 6144 11.4 /
+    MAX_SPLIT ways fill at most half a wave), then the largest split of K into whole 128-steps (mx_linear.split_for:
+    <= MAX_SPLIT, at least MIN_SPLIT_STEPS a split) that keeps the grid within one wave of resident programs
+    (mx_linear.PER_SM). H100 sweep on block-major weights (benchmarks/mxfp8_speed_sweep.py linear-v1-tiles,
+    2026-12-06), 4 / 16 rows: qkv + index 1920 x 6144 11.4 /
     12.3 us with 12 splits against 13.4 / 14.8 with 16 (the rule before: doubling to two waves); o_proj 4 splits
     and dense gate|up 8 as before; shared gate|up 768 x 6144 BLOCK_N 32 x 16 splits 8.0 / 8.3 against 8.5 / 9.2."""
     block_m = 16 if m <= 16 else 32 if m <= 32 else 64
     m_tiles, wave = math.ceil(m / block_m), PER_SM.get(block_m, 2) * sms
     block_n = 64 if 2 * m_tiles * math.ceil(n / 64) * MAX_SPLIT > wave else 32
-    steps, tiles = k // 128 if k % 128 == 0 else 0, m_tiles * math.ceil(n / block_n)
-    split = max([d for d in range(1, min(steps, MAX_SPLIT) + 1)
-                 if steps % d == 0 and steps // d >= MIN_SPLIT_STEPS and tiles * d <= wave], default=1)
+    tiles = m_tiles * math.ceil(n / block_n)
+    split = split_for(tiles, k, 128, wave, MIN_SPLIT_STEPS) if k % 128 == 0 else 1
     return LinearTiles(block_m, block_n, num_warps=4 if block_m <= 32 else 8, split_k=split)
 
 
@@ -96,8 +97,7 @@ def _launch(x, weight, scale, bias, y, t: LinearTiles) -> None:
     if t.split_k > 1 and k % (t.split_k * t.block_k):
         raise ValueError(f"split_k {t.split_k} x block_k {t.block_k} does not divide K {k}")
     tiles = math.ceil(m / t.block_m) * math.ceil(n / t.block_n)
-    if t.split_k > 1 and tiles > COUNTERS:
-        raise ValueError(f"{tiles} output tiles exceed the {COUNTERS} split counters")
+    check_counters(tiles, t.split_k)
     parts = x.new_empty((t.split_k, m, n) if t.split_k > 1 else (1,), dtype=torch.float32)
     mxfp8_linear_kernel[(tiles, t.split_k)](
         x, weight, scale.view(torch.uint8), bias if bias is not None else y, y, parts, split_counters(x.device), m,

@@ -163,18 +163,21 @@ def test_one_token_without_the_shared_expert_splits_the_routed_experts(monkeypat
     from m3bench.runtime.kernels import moe
     from m3bench.runtime.kernels.moe import MIN_PROGRAMS, gate_up_programs, moe_tiles
 
-    assert moe.ROUTED_SPLIT_TOKENS == 0 and moe_tiles(4, 16, 3072, 6144, n_tok=1).split_k == 1
+    tiles = lambda n_tok, quantized=False, shared=0: moe.first_generation_tiles(  # noqa: E731
+        n_tok, 4, 16, 3072, 6144, quantized, shared)
+    assert moe.ROUTED_SPLIT_TOKENS == 0 and tiles(1).split_k == 1 and tiles(1) == moe_tiles(4, 16, 3072, 6144, 0, 1)
     monkeypatch.setattr(moe, "ROUTED_SPLIT_TOKENS", 1)
-    t = moe_tiles(4, 16, 3072, 6144, n_tok=1)
+    t = tiles(1)
     assert t.split_k == t.split_k_routed > 1 and t.block_m == 16
     assert gate_up_programs(3072, 0, t.split_k, t) == -(-3072 // t.block_n) * t.split_k_routed >= MIN_PROGRAMS
     assert -(-6144 // t.n_down) >= MIN_PROGRAMS  # the down GEMM of one expert too
-    assert moe_tiles(8, 16, 3072, 6144, n_tok=2).split_k == 1 and moe_tiles(4, 16, 3072, 6144).split_k == 1
-    quantized = moe.first_generation_tiles(1, 4, 16, 3072, 6144, True)  # MXFP8 experts: their own split tiles
+    assert tiles(2).split_k == 1 and tiles(2) == moe_tiles(8, 16, 3072, 6144, 0, 2)
+    assert tiles(1, shared=384) == moe_tiles(4, 16, 3072, 6144, 384, 1)  # the shared expert inside: its split-K
+    quantized = tiles(1, True)  # MXFP8 experts: their own split tiles
     assert quantized == moe.mx_split_tiles(3072, 6144) and quantized.split_k > 1
-    assert moe.first_generation_tiles(2, 4, 16, 3072, 6144, True) == moe.mx_moe_tiles(8, 16, 3072, 6144)
+    assert tiles(2, True) == moe.mx_moe_tiles(8, 16, 3072, 6144)
     monkeypatch.setattr(moe, "ROUTED_SPLIT_TOKENS", 0)
-    assert moe.first_generation_tiles(1, 4, 16, 3072, 6144, True) == moe.mx_moe_tiles(4, 16, 3072, 6144)
+    assert tiles(1, True) == moe.mx_moe_tiles(4, 16, 3072, 6144)
 
 
 @pytest.mark.parametrize("local", [0, 1, 2])
@@ -186,7 +189,7 @@ def test_one_token_split_routed_experts_match_the_reference(local):
     p = _problem(50 + local, n_tok=1, top_k=4, n_exp=16, hidden=256)
     p["topk_ids"][0] = torch.tensor([3, 9, -1, -1][:local] + [-1] * (4 - local), dtype=p["topk_ids"].dtype)
     inter = p["w_down"].shape[2]
-    tiles = skinny_tiles(inter, inter, 256)  # what moe_tiles gives at ROUTED_SPLIT_TOKENS
+    tiles = skinny_tiles(inter, inter, 256)  # what first_generation_tiles gives at ROUTED_SPLIT_TOKENS
     assert tiles.split_k > 1
     out = torch.full_like(p["x"], float("nan"))
     fused_moe(**p, out=out, backend=KernelBackend.TRITON, tiles=tiles)
