@@ -2,7 +2,7 @@
 kernel launched twice, against the step as it is.
 
     python benchmarks/decode_marginal.py --budget-gb 66          # H100: 37 layers; H200: 60 (no --budget-gb)
-    python benchmarks/decode_marginal.py --batches 1 4 --ops-set skinny-pdl-side-whole
+    python benchmarks/decode_marginal.py --batches 1 4 --ops-set skinny-pdl-side-whole-split
 
 A profile sums each kernel's own time, which under PDL also holds its wait for the kernel before it, and misses the
 gaps between launches (performance.md 2g: 68 us of kernels in a 80 us layer; the kernels it showed as slow sped up
@@ -145,7 +145,7 @@ def parse_args(argv):
     ap.add_argument("--batches", type=int, nargs="+", default=[1])
     ap.add_argument("--context", type=int, default=8192)
     ap.add_argument("--budget-gb", type=float, default=None, help="as decode_step.py (H100: 66)")
-    ap.add_argument("--ops-set", default=OpsSet.SKINNY_PDL_SIDE_WHOLE.value, choices=[o.value for o in OpsSet])
+    ap.add_argument("--ops-set", default=OpsSet.SPLIT.value, choices=[o.value for o in OpsSet])
     return ap.parse_args(argv)
 
 

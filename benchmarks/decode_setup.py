@@ -192,7 +192,7 @@ class OpsSet(Enum):
     SKINNY_PDL_SIDE = "skinny-pdl-side"  # skinny-pdl + the shared expert's gate|up on a side stream beside the
     #                                      router (SparseMoe.shared_beside GATE_UP, kernels/lanes.py)
     SKINNY_PDL_SIDE_WHOLE = "skinny-pdl-side-whole"  # ... its gate|up and down there, added in the routed sum (WHOLE,
-    #                                                  the runtime's default)
+    #                                                  the runtime's default); the routed experts unsplit
     HEADS = "skinny-pdl-side-whole-heads"  # + the q|k|v(|index) GEMM ending in its heads' norm / RoPE / cache write
     #                                        (Attention.fuse_qkv_heads, kernels/skinny_heads.py; off by default)
     INDEX = "skinny-pdl-side-whole-index"  # skinny-pdl-side-whole + the MSA index branch (its GEMM, norm / RoPE /
@@ -200,7 +200,8 @@ class OpsSet(Enum):
     #                                        index_beside, up to 4 rows; off by default)
     HEADS_INDEX = "skinny-pdl-side-whole-heads-index"  # both: each lane's GEMM ending in its heads
     SPLIT = "skinny-pdl-side-whole-split"  # skinny-pdl-side-whole + the routed experts splitting K at one token
-    #                                        (kernels.moe.ROUTED_SPLIT_TOKENS 1; off by default until timed)
+    #                                        (kernels.moe.ROUTED_SPLIT_TOKENS 1): the runtime's default since
+    #                                        2026-12-06; every other set runs them unsplit (0), as timed before
 
     def holds(self, other: "OpsSet") -> bool:
         order = list(OpsSet)

@@ -47,7 +47,7 @@ from m3bench.runtime.kernels.moe_align import (  # noqa: F401 (the fused MoE's p
     moe_align_torch,
 )
 from m3bench.runtime.kernels.moe_scales import MoeScales
-from m3bench.runtime.kernels.mx_linear import block_stride
+from m3bench.runtime.kernels.mx_linear import block_stride, check_counters, split_counters
 from m3bench.runtime.kernels.quant_kernels import QuantKernels, moe_generation
 from m3bench.runtime.kernels.reference import MoeActivation
 
@@ -106,7 +106,7 @@ class MoeTiles:
     num_warps: int = 4
     num_stages: int = 3
     block_n_down: int = 0
-    split_k: int = 1  # gate+up K-chunks of the shared expert (> 1: partials + moe_act_kernel)
+    split_k: int = 1  # gate+up K-chunks of the shared expert (> 1: fp32 partials, the last chunk activates)
     split_k_routed: int = 1  # ... of a routed expert (divides split_k)
 
     @property
@@ -117,11 +117,11 @@ class MoeTiles:
 MIN_PROGRAMS = 264  # two waves of 132 SMs: narrow N tiles until the skinny GEMMs fill them
 SKINNY_TOKENS = 4  # with a shared expert, batches up to this many tokens run the split-K path
 # Without it (the shared expert beside, layers.moe.SharedBeside), routed experts split K up to this many tokens
-# (first_generation_tiles: skinny_tiles(inter, inter, hidden), quantized mx_split_tiles): a decode rank at B1 has
-# 0-1 local picks in ~92% of its MoE layers, and one expert on moe_tiles' grid (N tiles for four active blocks) ran
-# 59.4 us against 37.4 at the floor, four at 96% (H100, benchmarks/moe_picks.py, 2026-12-06). 0 (off) until the
-# split is timed on a GPU (moe_picks.py's split rows, then the decode step).
-ROUTED_SPLIT_TOKENS = 0
+# (first_generation_tiles: routed_split_tiles, quantized mx_split_tiles): a decode rank at B1 has 0-1 local picks in
+# ~92% of its MoE layers, and one expert on moe_tiles' grid (N tiles for four active blocks) ran 56.5 us against
+# 45.4 split (H200; floor 26.8; 0 picks 5.1 against 7.7). The 60-layer rank step at B1 (realistic routing):
+# 4.301 -> 4.155 ms bf16, 8.072 -> 7.782 ms MXFP8 block-major (H200, 2026-12-06, docs/performance.md 2i).
+ROUTED_SPLIT_TOKENS = 1
 MAX_SPLIT_K = 32
 
 
@@ -159,9 +159,9 @@ def first_generation_tiles(n_tok: int, top_k: int, n_experts: int, inter: int, h
     """The tiles fused_moe runs its first-generation kernels on when a call names none: quantized experts
     mx_moe_tiles, plain ones moe_tiles (with the shared expert inside at a few tokens: its split-K); without the
     shared expert, at most ROUTED_SPLIT_TOKENS tokens split the routed experts' K (one active expert then fills
-    the GPU by itself): mx_split_tiles, skinny_tiles(inter, inter, hidden)."""
+    the GPU by itself): mx_split_tiles, routed_split_tiles."""
     if 0 < n_tok <= ROUTED_SPLIT_TOKENS and not shared_inter:
-        return mx_split_tiles(inter, hidden) if quantized else skinny_tiles(inter, inter, hidden)
+        return mx_split_tiles(inter, hidden) if quantized else routed_split_tiles(inter, hidden)
     if quantized:
         return mx_moe_tiles(n_tok * top_k, n_experts, inter, hidden)
     return moe_tiles(n_tok * top_k, n_experts, inter, hidden, shared_inter, n_tok)
@@ -169,12 +169,23 @@ def first_generation_tiles(n_tok: int, top_k: int, n_experts: int, inter: int, h
 
 def mx_split_tiles(inter: int, hidden: int) -> MoeTiles:
     """One token's quantized routed experts (MXFP8, NVFP4 codes as e4m3 bytes) with K split so one active expert's
-    gate|up fills MIN_PROGRAMS programs: BLOCK_N 64 and BLOCK_K 128 (mx_moe_tiles'), down N tiles 32; the partials
-    summed by the activation kernel. What first_generation_tiles gives at ROUTED_SPLIT_TOKENS (off until timed:
-    one MXFP8 expert at one token ran at 27% of the floor on mx_moe_tiles' grid, H100, benchmarks/moe_picks.py)."""
-    block_n, block_k = 64, 128
+    gate|up fills MIN_PROGRAMS programs: BLOCK_N 64 and BLOCK_K 128 (mx_moe_tiles'), the down GEMM's N tiles 64;
+    the partials summed by the tile's last chunk. H200 sweep at one local pick (2026-12-06, us): 71.6 on
+    mx_moe_tiles' grid, 45.8 here, 53.7 with down tiles 32; 0 picks 5.2 -> 7.6."""
+    return _split_tiles(inter, hidden, 64)
+
+
+def routed_split_tiles(inter: int, hidden: int) -> MoeTiles:
+    """One token's plain routed experts with K split so one active expert's gate|up fills MIN_PROGRAMS programs:
+    BLOCK_N 32, BLOCK_K 128, the down GEMM's N tiles 64 (not split). H200 sweep at one local pick (2026-12-06, us):
+    56.5 on moe_tiles' grid, 45.4 here, 46.3 with down tiles 32; skinny_tiles(inter, inter, hidden) ran slower
+    than moe_tiles in the rank step (BLOCK_K 64, down tiles 16)."""
+    return _split_tiles(inter, hidden, 32)
+
+
+def _split_tiles(inter: int, hidden: int, block_n: int, block_k: int = 128) -> MoeTiles:
     split = _fill_split(inter, hidden, block_n, block_k)
-    return MoeTiles(16, block_n, block_k, num_warps=4, num_stages=3, block_n_down=32, split_k=split,
+    return MoeTiles(16, block_n, block_k, num_warps=4, num_stages=3, block_n_down=64, split_k=split,
                     split_k_routed=split)
 
 
@@ -347,9 +358,11 @@ def _launch_gate_up(x, wg, wu, inter, sorted_ids, block_expert, n_post, top_k, a
     sb = _sub_block(fmt)
     n_routed = top_k * x.shape[0]
     n_all = n_routed + (x.shape[0] if shared is not None else 0)
-    split = tiles.split_k  # split-K tiles: skinny_tiles (shared expert inside, or routed alone), mx_split_tiles
+    split = tiles.split_k  # split-K tiles: skinny_tiles (shared expert inside), routed_split_tiles, mx_split_tiles
     part = x.new_empty((split, n_all, 2 * n_inter), dtype=torch.float32) if split > 1 else inter
     ws = shared or SharedExpert(wg, wu, wg)  # dummies without a shared expert
+    n_tiles = math.ceil(n_inter / tiles.block_n) + math.ceil((shared.inter if shared else 0) / tiles.block_n)
+    check_counters(block_expert.shape[0] * n_tiles, split)  # the kernel's N_T tiles a block
     grid = (block_expert.shape[0], gate_up_programs(n_inter, shared.inter if shared else 0, split, tiles))
     moe_gate_up_kernel[grid](
         x, wg, wu, inter, sorted_ids, block_expert, n_post, n_all, alpha, limit,
@@ -357,7 +370,7 @@ def _launch_gate_up(x, wg, wu, inter, sorted_ids, block_expert, n_post, top_k, a
         sg, su, sge, sgn, sue, sun, gg, gu, gge, gue,
         n_routed, ws.w_gate, ws.w_up, ws.w_gate.stride(-2), ws.w_up.stride(-2), part,
         part.stride(0) if split > 1 else 0, part.stride(1) if split > 1 else 0,
-        block_stride(wg, 3, sb), block_stride(wu, 3, sb),
+        block_stride(wg, 3, sb), block_stride(wu, 3, sb), split_counters(x.device),
         H=hidden, I=n_inter, TOPK=top_k, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
         BLOCK_K=tiles.block_k, ACT=ACT_CODE[act], F32=x.dtype == torch.float32 or interpreting(),
         FMT=fmt, SHARED=shared is not None, E_R=wg.shape[0] if shared is not None else -1,
@@ -365,9 +378,6 @@ def _launch_gate_up(x, wg, wu, inter, sorted_ids, block_expert, n_post, top_k, a
         SPLIT_R=tiles.split_k_routed if split > 1 else 1, SB=sb,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages, **pdl_args(x),
     )
-    if split > 1:
-        _launch_act(part, inter, sorted_ids, block_expert, n_post, n_all, act, alpha, limit, tiles, wg.shape[0],
-                    shared.inter if shared is not None else 0)
 
 
 def gate_up_programs(n_inter: int, n_shared_inter: int, split: int, tiles: MoeTiles) -> int:
@@ -377,17 +387,6 @@ def gate_up_programs(n_inter: int, n_shared_inter: int, split: int, tiles: MoeTi
         return math.ceil(n_inter / tiles.block_n)
     return max(math.ceil(n_inter / tiles.block_n) * tiles.split_k_routed,
                math.ceil(n_shared_inter / tiles.block_n) * split)
-
-
-def _launch_act(part, inter, sorted_ids, block_expert, n_post, n_all, act, alpha, limit, tiles, n_exp, i_shared):
-    from m3bench.runtime.kernels.moe_triton import moe_act_kernel
-
-    n_inter, block_n = inter.shape[1], 64
-    moe_act_kernel[(block_expert.shape[0], math.ceil(n_inter / block_n))](
-        part, inter, sorted_ids, block_expert, n_post, n_all, alpha, limit, part.stride(0), part.stride(1),
-        inter.stride(0), I=n_inter, I_S=i_shared, E_R=n_exp, SPLIT=tiles.split_k, SPLIT_R=tiles.split_k_routed,
-        BLOCK_M=tiles.block_m, BLOCK_N=block_n, ACT=ACT_CODE[act], num_warps=4, **pdl_args(part),
-    )
 
 
 def _launch_down(inter, wd, y, sorted_ids, block_expert, n_post, weights, tiles, scales=None,

@@ -5,7 +5,9 @@ Pairs p = t * TOPK + k (token t, its k-th expert). With SHARED the shared expert
 expert (local id E_R, weight 1) that every token picks: its pairs are n_routed + t, its weights
 their own tensors ([I_S, H] gate / up, [H, I_S] down, plain only). SPLIT > 1 (skinny batches) splits
 the gate+up reduction into K chunks (SPLIT for the shared expert, SPLIT_R for routed ones: grid dim 1
-enumerates N tiles x chunks), writes fp32 partials by pair and `moe_act_kernel` sums them and applies the activation. Expert weights [E, I, H] (gate, up) and
+enumerates N tiles x chunks) and writes fp32 partials by pair; the last chunk of a tile to finish (a split counter
+per tile, mx_tiles_triton.last_split) sums them in chunk order and applies the activation, in the same launch.
+Expert weights [E, I, H] (gate, up) and
 [E, H, I] (down), contiguous along the reduction dim. FMT 1 (MXFP8): float8_e4m3fn weights and E8M0
 scales [E, I, H/32] / [E, H, I/32]; FMT 2 (NVFP4): packed uint8 [E, I, H/2] / [E, H, I/2], e4m3 scales
 per 16 inputs and an fp32 global scale per row [E, I] / [E, H]; FMT 3: NVFP4 with its codes as e4m3 bytes
@@ -19,6 +21,7 @@ import triton.language as tl
 
 from m3bench.runtime.kernels.kv_tiles_triton import mma
 from m3bench.runtime.kernels.moe_quant_triton import pair_block, swiglu
+from m3bench.runtime.kernels.mx_tiles_triton import last_split
 from m3bench.runtime.kernels.mxfp8_triton import (
     act_block,
     mx_dot,
@@ -90,15 +93,16 @@ def moe_gate_up_kernel(
     x_ptr, wg_ptr, wu_ptr, inter_ptr, sorted_ptr, block_expert_ptr, n_post_ptr, n_pairs,
     alpha, limit, s_xt, s_ge, s_gn, s_ue, s_un, s_it, sg_ptr, su_ptr, s_sge, s_sgn, s_sue, s_sun,
     gg_ptr, gu_ptr, s_gge, s_gue, n_routed, wsg_ptr, wsu_ptr, s_wsg, s_wsu, part_ptr, s_pk, s_pp, s_gb, s_ub,
-    H: tl.constexpr, I: tl.constexpr, TOPK: tl.constexpr, BLOCK_M: tl.constexpr,
+    cnt_ptr, H: tl.constexpr, I: tl.constexpr, TOPK: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACT: tl.constexpr, F32: tl.constexpr, FMT: tl.constexpr,
     SHARED: tl.constexpr, E_R: tl.constexpr, I_S: tl.constexpr, SPLIT: tl.constexpr, SPLIT_R: tl.constexpr,
     SB: tl.constexpr, PDL: tl.constexpr,
 ):
     """inter[slot, n] = act(x[tok] . wg[e, n], x[tok] . wu[e, n]) for the block's slots (SPLIT > 1:
     the fp32 partials of one K chunk into part[chunk, pair]; SPLIT chunks for the shared expert,
-    SPLIT_R for a routed one, the grid's dim 1 spanning N tiles x chunks of the larger of the two). FMT 1 and 3
-    run SB-wide sub-dots (mxfp8_triton.mx_subdot)."""
+    SPLIT_R for a routed one, the grid's dim 1 spanning N tiles x chunks of the larger of the two; the tile's
+    last chunk to finish sums them in chunk order, activates, and resets its counter cnt[block * N_T + tile]).
+    FMT 1 and 3 run SB-wide sub-dots (mxfp8_triton.mx_subdot)."""
     pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
     pid_m = tl.program_id(0)
     if pid_m * BLOCK_M >= tl.load(n_post_ptr):
@@ -159,40 +163,28 @@ def moe_gate_up_kernel(
                 wu = tl.load(wu_base + n[:, None] * s_un_e + kk[None, :], mask=w_mask, other=0.0)
             acc_g += mma(a, tl.trans(wg), F32)
             acc_u += mma(a, tl.trans(wu), F32)
+    mask = row_ok[:, None] & n_ok[None, :]
     if SPLIT > 1:
-        part = part_ptr + pid_k * s_pk + pair[:, None].to(tl.int64) * s_pp + n[None, :]
-        tl.store(part, acc_g, mask=row_ok[:, None] & n_ok[None, :])
-        tl.store(part + I, acc_u, mask=row_ok[:, None] & n_ok[None, :])
+        part = part_ptr + pair[:, None].to(tl.int64) * s_pp + n[None, :]
+        tl.store(part + pid_k * s_pk, acc_g, mask=mask, cache_modifier=".cg")  # past L1: the last chunk reads it
+        tl.store(part + pid_k * s_pk + I, acc_u, mask=mask, cache_modifier=".cg")
+        N_T: tl.constexpr = (I + BLOCK_N - 1) // BLOCK_N + (I_S + BLOCK_N - 1) // BLOCK_N  # tiles a block, at most
+        tile = pid_m * N_T + pid_n
+        if last_split(cnt_ptr, tile, n_split):
+            acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            for k in range(0, n_split):  # chunk order: deterministic
+                acc_g += tl.load(part + k * s_pk, mask=mask, other=0.0, cache_modifier=".cg")
+                acc_u += tl.load(part + k * s_pk + I, mask=mask, other=0.0, cache_modifier=".cg")
+            _store_inter(acc_g, acc_u, inter_ptr, slots, n, mask, s_it, alpha, limit, ACT)
+            tl.atomic_xchg(cnt_ptr + tile, 0)
     else:
-        h = gated_activation(acc_g, acc_u, alpha, limit, ACT)
-        out = inter_ptr + slots[:, None].to(tl.int64) * s_it + n[None, :]
-        tl.store(out, h.to(inter_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
+        _store_inter(acc_g, acc_u, inter_ptr, slots, n, mask, s_it, alpha, limit, ACT)
 
 
-@triton.jit(do_not_specialize=["n_pairs"])
-def moe_act_kernel(
-    part_ptr, inter_ptr, sorted_ptr, block_expert_ptr, n_post_ptr, n_pairs, alpha, limit, s_pk, s_pp, s_it,
-    I: tl.constexpr, I_S: tl.constexpr, E_R: tl.constexpr, SPLIT: tl.constexpr, SPLIT_R: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACT: tl.constexpr, PDL: tl.constexpr,
-):
-    """inter[slot, n] = act(sum of the K-chunk partials of gate and up); grid (M-blocks, cdiv(I, BLOCK_N))."""
-    pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
-    pid_m = tl.program_id(0)
-    if pid_m * BLOCK_M >= tl.load(n_post_ptr):
-        return
-    e, slots, pair, row_ok = _block_rows(sorted_ptr, block_expert_ptr, n_pairs, pid_m, BLOCK_M)
-    n_lim = tl.where(e == E_R, I_S, I)
-    if tl.program_id(1) * BLOCK_N >= n_lim:
-        return
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = row_ok[:, None] & (n < n_lim)[None, :]
-    rows = part_ptr + pair[:, None].to(tl.int64) * s_pp + n[None, :]
-    g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k in range(0, tl.where(e == E_R, SPLIT, SPLIT_R)):
-        g += tl.load(rows + k * s_pk, mask=mask, other=0.0)
-        u += tl.load(rows + k * s_pk + I, mask=mask, other=0.0)
-    h = gated_activation(g, u, alpha, limit, ACT)
+@triton.jit
+def _store_inter(acc_g, acc_u, inter_ptr, slots, n, mask, s_it, alpha, limit, ACT: tl.constexpr):
+    h = gated_activation(acc_g, acc_u, alpha, limit, ACT)
     tl.store(inter_ptr + slots[:, None].to(tl.int64) * s_it + n[None, :], h.to(inter_ptr.dtype.element_ty), mask=mask)
 
 

@@ -147,8 +147,9 @@ def store_partial(acc, cell, mask, part_ptr, plane):
 
 
 @triton.jit
-def last_split(cnt_ptr, tile, SPLIT: tl.constexpr):
-    """True in the last of the tile's SPLIT programs to arrive (after every thread's partial is stored)."""
+def last_split(cnt_ptr, tile, SPLIT):
+    """True in the last of the tile's SPLIT programs to arrive (after every thread's partial is stored); SPLIT a
+    constexpr or a run-time count (the fused MoE's per-expert chunks)."""
     tl.debug_barrier()  # every thread's partial stored before the release below
     return tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel") == SPLIT - 1
 

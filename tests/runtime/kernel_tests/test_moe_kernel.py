@@ -158,43 +158,84 @@ def test_skinny_tiles_fill_the_gpu_with_the_shared_expert_alone():
 
 
 def test_one_token_without_the_shared_expert_splits_the_routed_experts(monkeypatch):
-    """The shared expert beside (not in the fused MoE): at ROUTED_SPLIT_TOKENS tokens (0, off, until timed) the
-    routed experts split K so one active expert alone fills the GPU (one TP8/EP8 rank at B1); else as before."""
+    """The shared expert beside (not in the fused MoE): at ROUTED_SPLIT_TOKENS tokens (1) the routed experts split K
+    so one active expert's gate|up alone fills the GPU (one TP8/EP8 rank at B1), the down GEMM on 64-wide tiles
+    (the H200 sweep's); more tokens, or the shared expert inside, as before; 0 turns it off."""
     from m3bench.runtime.kernels import moe
     from m3bench.runtime.kernels.moe import MIN_PROGRAMS, gate_up_programs, moe_tiles
 
     tiles = lambda n_tok, quantized=False, shared=0: moe.first_generation_tiles(  # noqa: E731
         n_tok, 4, 16, 3072, 6144, quantized, shared)
-    assert moe.ROUTED_SPLIT_TOKENS == 0 and tiles(1).split_k == 1 and tiles(1) == moe_tiles(4, 16, 3072, 6144, 0, 1)
-    monkeypatch.setattr(moe, "ROUTED_SPLIT_TOKENS", 1)
+    assert moe.ROUTED_SPLIT_TOKENS == 1
     t = tiles(1)
-    assert t.split_k == t.split_k_routed > 1 and t.block_m == 16
+    assert t == moe.routed_split_tiles(3072, 6144)
+    assert (t.block_m, t.block_n, t.block_k, t.num_stages, t.n_down, t.split_k) == (16, 32, 128, 3, 64, 4)
+    assert t.split_k == t.split_k_routed and 48 % t.split_k == 0  # whole K steps of 128 a chunk
     assert gate_up_programs(3072, 0, t.split_k, t) == -(-3072 // t.block_n) * t.split_k_routed >= MIN_PROGRAMS
-    assert -(-6144 // t.n_down) >= MIN_PROGRAMS  # the down GEMM of one expert too
     assert tiles(2).split_k == 1 and tiles(2) == moe_tiles(8, 16, 3072, 6144, 0, 2)
     assert tiles(1, shared=384) == moe_tiles(4, 16, 3072, 6144, 384, 1)  # the shared expert inside: its split-K
     quantized = tiles(1, True)  # MXFP8 experts: their own split tiles
-    assert quantized == moe.mx_split_tiles(3072, 6144) and quantized.split_k > 1
+    assert quantized == moe.mx_split_tiles(3072, 6144)
+    assert (quantized.block_n, quantized.block_k, quantized.n_down, quantized.split_k) == (64, 128, 64, 8)
+    assert -(-3072 // quantized.block_n) * quantized.split_k_routed >= MIN_PROGRAMS
     assert tiles(2, True) == moe.mx_moe_tiles(8, 16, 3072, 6144)
     monkeypatch.setattr(moe, "ROUTED_SPLIT_TOKENS", 0)
+    assert tiles(1) == moe_tiles(4, 16, 3072, 6144, 0, 1) and tiles(1).split_k == 1
     assert tiles(1, True) == moe.mx_moe_tiles(4, 16, 3072, 6144)
 
 
 @pytest.mark.parametrize("local", [0, 1, 2])
 def test_one_token_split_routed_experts_match_the_reference(local):
-    """One token, top-4 over 16 local experts + other ranks' (-1), 0-2 of them local, on the decode tiles (split K,
-    the partials summed by the activation kernel): the fp64 reference."""
-    from m3bench.runtime.kernels.moe import skinny_tiles
+    """One token, top-4 over 16 local experts + other ranks' (-1), 0-2 of them local, on the decode tiles
+    first_generation_tiles gives (split K, the partials summed by the activation kernel): the fp64 reference."""
+    from m3bench.runtime.kernels.moe import first_generation_tiles
 
     p = _problem(50 + local, n_tok=1, top_k=4, n_exp=16, hidden=256)
     p["topk_ids"][0] = torch.tensor([3, 9, -1, -1][:local] + [-1] * (4 - local), dtype=p["topk_ids"].dtype)
     inter = p["w_down"].shape[2]
-    tiles = skinny_tiles(inter, inter, 256)  # what first_generation_tiles gives at ROUTED_SPLIT_TOKENS
+    tiles = first_generation_tiles(1, 4, 16, inter, 256, False)
     assert tiles.split_k > 1
     out = torch.full_like(p["x"], float("nan"))
     fused_moe(**p, out=out, backend=KernelBackend.TRITON, tiles=tiles)
     want = fused_moe_ref(**{k: v.double() if v.is_floating_point() else v for k, v in p.items()})
     assert torch.isfinite(out).all() and torch.allclose(out.double(), want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("with_shared", [False, True])
+def test_split_gate_up_meets_in_its_kernel_and_repeats(monkeypatch, with_shared):
+    """Split K (routed experts alone at one token; the shared expert inside at a few tokens, its chunks other than
+    the routed ones'): the tile's last chunk sums the partials and activates in the gate|up launch, so the MoE is
+    align + gate|up + down + sum; the split counters are left zero and a second call gives the same bits."""
+    from m3bench.runtime.kernels import moe_triton
+    from m3bench.runtime.kernels.moe import MoeTiles, first_generation_tiles
+    from m3bench.runtime.kernels.mx_linear import split_counters
+
+    launches = []
+
+    class Counting:
+        def __init__(self, name, kernel):
+            self.name, self.kernel = name, kernel
+
+        def __getitem__(self, grid):
+            launches.append(self.name)
+            return self.kernel[grid]
+
+    for name in [n for n in dir(moe_triton) if n.endswith("_kernel")]:
+        monkeypatch.setattr(moe_triton, name, Counting(name, getattr(moe_triton, name)))
+    n_tok = 3 if with_shared else 1
+    p = _problem(70 + with_shared, n_tok=n_tok, top_k=4, n_exp=8, hidden=256, inter=96)
+    p["topk_ids"][0] = torch.tensor([1, 5, -1, 6], dtype=p["topk_ids"].dtype)
+    shared = _shared(72, hidden=256, inter=64) if with_shared else None
+    tiles = (MoeTiles(16, 32, 64, block_n_down=16, split_k=4, split_k_routed=2) if with_shared
+             else first_generation_tiles(1, 4, 8, 96, 256, False))
+    assert tiles.split_k > 1 and (not with_shared or tiles.split_k != tiles.split_k_routed)
+    got = fused_moe(**p, backend=KernelBackend.TRITON, tiles=tiles, shared=shared)
+    assert launches == ["moe_align_kernel", "moe_gate_up_kernel", "moe_down_kernel", "moe_sum_kernel"]
+    assert not split_counters(p["x"].device).any()
+    assert torch.equal(fused_moe(**p, backend=KernelBackend.TRITON, tiles=tiles, shared=shared), got)
+    want = _want(p, shared) if with_shared else fused_moe_ref(
+        **{k: v.double() if v.is_floating_point() else v for k, v in p.items()})
+    assert torch.allclose(got.double(), want, atol=1e-4, rtol=1e-4)
 
 
 def test_shared_align_with_torch_align(monkeypatch):

@@ -26,3 +26,27 @@ def test_tiny_run_checks_every_pick_count(bench, capsys, triton_interpreter):
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("bf16", "mxfp8"))]
     assert [(r.split()[0], int(r.split()[1])) for r in rows] == [
         (f, n) for f in ("bf16", "bf16-split", "mxfp8", "mxfp8-split") for n in range(3)]
+
+
+def test_tiny_sweep_times_the_rule_and_candidates_checked(bench, capsys, triton_interpreter):
+    """--sweep: every candidate checked against the reference at one pick, then the best and the rule at 0-3 picks
+    with their B1 mix."""
+    assert bench.main(["--tiny", "--sweep"]) == 0
+    out = capsys.readouterr().out
+    assert "bf16   rule" in out and "mxfp8  rule" in out and "bf16   bn32 bk64 split1 down16" in out
+    mixes = [line.split() for line in out.splitlines() if line.split()[-2:-1] == ["mix"]]
+    assert {m[0] for m in mixes} == {"bf16", "mxfp8"} and len(mixes) <= 4  # the best one and the rule, each
+    assert [m[0] for m in mixes if m[1] == "rule"] == ["bf16", "mxfp8"]
+    assert all(float(m[-1]) > 0 for m in mixes)
+
+
+def test_sweep_candidates_divide_the_hidden_size(bench):
+    from mxfp8_gpu import Shapes
+
+    sh = Shapes()
+    for quantized in (False, True):
+        ex = bench.Experts("x", {}, 1, (), quantized)
+        cands = bench.candidates(ex, sh)
+        assert cands[0][0] == "rule" and len(cands) == 2 * (1 if quantized else 2) * 4 * 3  # the rule's once
+        assert [t for _, t in cands].count(cands[0][1]) == 1
+        assert all(sh.hidden % (t.split_k * t.block_k) == 0 for _, t in cands)
