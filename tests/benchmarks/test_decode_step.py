@@ -259,8 +259,13 @@ def test_pdl_ops_sets_switch_the_process_and_are_restored(fl, rt):
         assert moe.ROUTED_SPLIT_TOKENS == 1 and PDL["launch"] is Pdl.ON
         setup.set_ops(model, setup.OpsSet.SKINNY_PDL_SIDE_WHOLE)
         assert moe.ROUTED_SPLIT_TOKENS == 0
+        setup.set_ops(model, setup.OpsSet.LOOP)
+        assert moe.ROUTED_SPLIT_TOKENS == 1 and moe.ROUTED_LOOP_M == 1
         setup.set_ops(model, setup.OpsSet.SPLIT)
-    assert PDL["launch"] is before and moe.ROUTED_SPLIT_TOKENS == 1  # the runtime's default, restored
+        assert moe.ROUTED_LOOP_M == 0
+        setup.set_ops(model, setup.OpsSet.LOOP)
+    assert PDL["launch"] is before and moe.ROUTED_SPLIT_TOKENS == 1  # the runtime's defaults, restored
+    assert moe.ROUTED_LOOP_M == 0
 
 
 def test_cpu_smoke_times_pdl_sets_and_checks_under_the_chosen_mode(ds, tmp_path, monkeypatch):
