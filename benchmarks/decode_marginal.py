@@ -145,7 +145,7 @@ def parse_args(argv):
     ap.add_argument("--batches", type=int, nargs="+", default=[1])
     ap.add_argument("--context", type=int, default=8192)
     ap.add_argument("--budget-gb", type=float, default=None, help="as decode_step.py (H100: 66)")
-    ap.add_argument("--ops-set", default=OpsSet.SPLIT.value, choices=[o.value for o in OpsSet])
+    ap.add_argument("--ops-set", default=OpsSet.runtime().value, choices=[o.value for o in OpsSet])
     return ap.parse_args(argv)
 
 

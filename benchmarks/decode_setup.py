@@ -205,6 +205,11 @@ class OpsSet(Enum):
     LOOP = "skinny-pdl-side-whole-split-loop"  # ... with one program along M striding over the live M-blocks
     #                                            (kernels.moe.ROUTED_LOOP_M 1; off by default until timed)
 
+    @classmethod
+    def runtime(cls) -> "OpsSet":
+        """The set the runtime runs by default (every default switch as the runtime leaves it)."""
+        return cls.SPLIT
+
     def holds(self, other: "OpsSet") -> bool:
         order = list(OpsSet)
         return order.index(self) >= order.index(other)

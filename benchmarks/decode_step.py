@@ -106,7 +106,7 @@ class Plan:
     hf_m3_steps: int
     baseline_shapes: M3Shapes = M3Shapes()  # transformers' M3: world-1 per-GPU shapes
     routings: tuple[Routing, ...] = (Routing.REALISTIC, Routing.ALL_LOCAL)
-    ops_sets: tuple[str, ...] = (OpsSet.SKINNY.value,)  # OpsSet values timed side by side (--ops-sets)
+    ops_sets: tuple[str, ...] = (OpsSet.runtime().value,)  # OpsSet values timed side by side (--ops-sets)
     draws: int = 1  # realistic rows: the mean over this many routing draws (other input tokens each; --draws)
 
 
@@ -311,7 +311,7 @@ def _hf_m3_case(model, s: M3Shapes, B: int, ctx: int, steps: int, dev: torch.dev
 # ---- plan, table, main ----------------------------------------------------------------------------
 
 def make_plan(args, on_gpu: bool) -> Plan:
-    ops = (OpsSet.UNFUSED.value,) if args.unfused else tuple(args.ops_sets or (OpsSet.SKINNY.value,))
+    ops = (OpsSet.UNFUSED.value,) if args.unfused else tuple(args.ops_sets or (OpsSet.runtime().value,))
     return replace(_base_plan(args), ops_sets=ops, draws=args.draws)
 
 
@@ -431,7 +431,8 @@ def parse_args(argv: list[str] | None):
     ap.add_argument("--full-layers", type=int, default=None, help="--profile: layers of the step it sums to (60)")
     ap.add_argument("--unfused", action="store_true", help="same as --ops-sets unfused (the fast path before any fusion)")
     ap.add_argument("--ops-sets", nargs="+", choices=[o.value for o in OpsSet], default=None,
-                    help="fused-op sets to time side by side on one model (default: skinny; --profile: all)")
+                    help="fused-op sets to time side by side on one model (default: the runtime's, "
+                         f"{OpsSet.runtime().value}; --profile: all)")
     ap.add_argument("--quick", action="store_true", help="~1 minute smoke run on the GPU")
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on CPU (Triton interpreted, no graphs)")
     ap.add_argument("--check-only", action="store_true", help="only the fast-path correctness checks")

@@ -237,6 +237,35 @@ def test_component_checks_return_their_rows_on_cpu(ds):
     assert len(rows) == decode_checks.COMPONENT_CHECKS and all(r["ok"] for r in rows), rows
 
 
+def test_the_runtime_ops_set_is_what_the_runtime_does_by_default(fl, rt):
+    """OpsSet.runtime() (decode_step's and decode_marginal's default) switches nothing a freshly built rank model and
+    the process do not already do: every layer switch, PDL mode and routed-expert split as built."""
+    from m3bench.runtime.kernels import backend, moe
+
+    _, setup = rt
+    s = fl.TINY_RANK
+
+    def switches(model) -> list:
+        flags = [backend.PDL["launch"], moe.ROUTED_SPLIT_TOKENS, moe.ROUTED_LOOP_M,
+                 getattr(model.backend, "fuse_ops", None)]
+        for layer in model.layers:
+            parts = (layer.attn, layer.mlp, getattr(layer.mlp, "shared", None))
+            names = ("fuse_branches", "fuse_qkv_heads", "index_beside", "fuse_act", "fuse_router", "fuse_shared",
+                     "fuse_align", "fuse_router_input", "shared_beside")
+            flags += [getattr(p, n, None) for p in parts for n in names]
+            flags += [m.skinny_rows for m in layer.modules() if hasattr(m, "skinny_rows")]
+        return flags
+
+    with setup.pdl_mode(backend.pdl_from_env()):
+        model = setup.rank_model(s, setup.our_config(setup.hf_m3_config(s, 2, 256)), torch.float32,
+                                 torch.device("cpu"), None)
+        built = switches(model)
+        setup.set_ops(model, setup.OpsSet.runtime())
+        assert switches(model) == built
+        setup.set_ops(model, setup.OpsSet.SKINNY_PDL_SIDE_WHOLE)  # the routed experts unsplit: it differs
+        assert switches(model) != built
+
+
 def test_pdl_ops_sets_switch_the_process_and_are_restored(fl, rt):
     from m3bench.runtime.kernels import moe
     from m3bench.runtime.kernels.backend import PDL, Pdl
