@@ -92,7 +92,7 @@ def by_picks(x, fmts: list[Experts], sh: Shapes) -> int:
         unsplit = (mx_moe_tiles(sh.top_k, sh.n_local, sh.inter, sh.hidden) if ex.quantized
                    else moe_tiles(sh.top_k, sh.n_local, sh.inter, sh.hidden, 0, 1))
         rule = first_generation_tiles(1, sh.top_k, sh.n_local, sh.inter, sh.hidden, ex.quantized)
-        looped = replace(rule, loop_m=1) if not rule.loop_m else replace(rule, loop_m=0)
+        looped = replace(rule, loop_m=0 if rule.loop_m else 1)
         for label, tiles in ((ex.label, unsplit), (f"{ex.label}-split", rule),
                              (f"{ex.label}-split-loop{looped.loop_m}", looped)):
             for n_local in range(sh.top_k + 1):

@@ -372,9 +372,10 @@ def _launch_gate_up(x, wg, wu, inter, sorted_ids, block_expert, n_post, top_k, a
     split = tiles.split_k  # split-K tiles: skinny_tiles (shared expert inside), routed_split_tiles, mx_split_tiles
     part = x.new_empty((split, n_all, 2 * n_inter), dtype=torch.float32) if split > 1 else inter
     ws = shared or SharedExpert(wg, wu, wg)  # dummies without a shared expert
-    n_tiles = math.ceil(n_inter / tiles.block_n) + math.ceil((shared.inter if shared else 0) / tiles.block_n)
+    i_shared = shared.inter if shared is not None else 0
+    n_tiles = math.ceil(n_inter / tiles.block_n) + math.ceil(i_shared / tiles.block_n)
     check_counters(block_expert.shape[0] * n_tiles, split)  # the kernel's N_T tiles a block
-    grid = (tiles.grid_m(block_expert.shape[0]), gate_up_programs(n_inter, shared.inter if shared else 0, split, tiles))
+    grid = (tiles.grid_m(block_expert.shape[0]), gate_up_programs(n_inter, i_shared, split, tiles))
     moe_gate_up_kernel[grid](
         x, wg, wu, inter, sorted_ids, block_expert, n_post, n_all, alpha, limit,
         x.stride(0), wg.stride(0), wg.stride(1), wu.stride(0), wu.stride(1), inter.stride(0),
@@ -385,7 +386,7 @@ def _launch_gate_up(x, wg, wu, inter, sorted_ids, block_expert, n_post, top_k, a
         H=hidden, I=n_inter, TOPK=top_k, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
         BLOCK_K=tiles.block_k, ACT=ACT_CODE[act], F32=x.dtype == torch.float32 or interpreting(),
         FMT=fmt, SHARED=shared is not None, E_R=wg.shape[0] if shared is not None else -1,
-        I_S=shared.inter if shared is not None else 0, SPLIT=split,
+        I_S=i_shared, SPLIT=split,
         SPLIT_R=tiles.split_k_routed if split > 1 else 1, SB=sb, LOOP_M=tiles.loop_m > 0,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages, **pdl_args(x),
     )

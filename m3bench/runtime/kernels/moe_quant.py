@@ -19,7 +19,7 @@ import torch
 from m3bench.runtime.kernels.backend import interpreting, next_pow2, pdl_args
 from m3bench.runtime.kernels.moe_align import moe_align
 from m3bench.runtime.kernels.moe_scales import MoeScales
-from m3bench.runtime.kernels.mx_linear import COUNTERS, split_counters
+from m3bench.runtime.kernels.mx_linear import check_counters, split_counters
 from m3bench.runtime.kernels.reference import MoeActivation
 
 ACT_CODES = {MoeActivation.SWIGLUOAI: 0, MoeActivation.SILU: 1}
@@ -111,8 +111,7 @@ def _gate_up(x, wg, wu, h, sorted_ids, block_expert, n_post, top_k, act, alpha, 
     n_tiles, split = math.ceil(wg.shape[1] / t.block_n), t.split_k
     if split > 1 and x.shape[1] % (split * t.block_k):
         raise ValueError(f"split_k {split} x block_k {t.block_k} does not divide the hidden size {x.shape[1]}")
-    if split > 1 and block_expert.shape[0] * n_tiles > COUNTERS:
-        raise ValueError(f"{block_expert.shape[0] * n_tiles} gate|up tiles exceed the {COUNTERS} split counters")
+    check_counters(block_expert.shape[0] * n_tiles, split)
     parts = x.new_empty((split, 2, h.shape[0], wg.shape[1]) if split > 1 else (1,), dtype=torch.float32)
     grid = (block_expert.shape[0], n_tiles * split)
     (wg, s_ge, s_gn), (wu, s_ue, s_un) = _words(wg, fmt == 2), _words(wu, fmt == 2)
