@@ -202,8 +202,6 @@ class OpsSet(Enum):
     SPLIT = "skinny-pdl-side-whole-split"  # skinny-pdl-side-whole + the routed experts splitting K at one token
     #                                        (kernels.moe.ROUTED_SPLIT_TOKENS 1): the runtime's default since
     #                                        2026-12-06; every other set runs them unsplit (0), as timed before
-    LOOP = "skinny-pdl-side-whole-split-loop"  # ... with one program along M striding over the live M-blocks
-    #                                            (kernels.moe.ROUTED_LOOP_M 1; off by default until timed)
 
     @classmethod
     def runtime(cls) -> "OpsSet":
@@ -236,19 +234,19 @@ def beside_of(ops: OpsSet):
 @contextmanager
 def pdl_mode(mode=None):
     """Inside: the process-wide PDL switch (kernels.backend.PDL) set to `mode` (None: left as it is, though set_ops
-    may change it); restored after, with the routed experts' split (kernels.moe.ROUTED_SPLIT_TOKENS, ROUTED_LOOP_M)
-    set_ops may change too."""
+    may change it); restored after, with the routed experts' split (kernels.moe.ROUTED_SPLIT_TOKENS) set_ops may
+    change too."""
     from m3bench.runtime.kernels.backend import PDL
 
     from m3bench.runtime.kernels import moe
 
-    before, split, loop = PDL["launch"], moe.ROUTED_SPLIT_TOKENS, moe.ROUTED_LOOP_M
+    before, split = PDL["launch"], moe.ROUTED_SPLIT_TOKENS
     if mode is not None:
         PDL["launch"] = mode
     try:
         yield
     finally:
-        PDL["launch"], moe.ROUTED_SPLIT_TOKENS, moe.ROUTED_LOOP_M = before, split, loop
+        PDL["launch"], moe.ROUTED_SPLIT_TOKENS = before, split
 
 
 def set_ops(model, ops: OpsSet) -> None:
@@ -256,7 +254,7 @@ def set_ops(model, ops: OpsSet) -> None:
     fuse_router / fuse_shared / fuse_align / fuse_router_input / shared_beside, Attention.fuse_branches /
     fuse_qkv_heads / index_beside, GatedMLP.fuse_act,
     the layers' skinny_rows) and the process to its PDL mode and routed-expert split (kernels.backend.PDL,
-    kernels.moe.ROUTED_SPLIT_TOKENS and ROUTED_LOOP_M; pdl_mode() restores them)."""
+    kernels.moe.ROUTED_SPLIT_TOKENS; pdl_mode() restores both)."""
     from m3bench.runtime.kernels import moe as moe_kernels
     from m3bench.runtime.kernels.backend import PDL
     from m3bench.runtime.kernels.skinny import SKINNY_MAX_ROWS
@@ -265,8 +263,7 @@ def set_ops(model, ops: OpsSet) -> None:
 
     fused, fused_v1 = ops.holds(OpsSet.FUSED), ops.holds(OpsSet.FUSED_V1)
     PDL["launch"] = pdl_of(ops)
-    moe_kernels.ROUTED_SPLIT_TOKENS = 1 if ops in (OpsSet.SPLIT, OpsSet.LOOP) else 0
-    moe_kernels.ROUTED_LOOP_M = 1 if ops is OpsSet.LOOP else 0
+    moe_kernels.ROUTED_SPLIT_TOKENS = 1 if ops is OpsSet.SPLIT else 0
     if hasattr(model.backend, "fuse_ops"):
         model.backend.fuse_ops = fused_v1
     set_skinny_rows(model, SKINNY_MAX_ROWS if ops.holds(OpsSet.SKINNY) else 0)

@@ -9,18 +9,16 @@ one in ~33% (16 of 128 experts), so the 0- and 1-pick rows are what the realisti
 
 The rows bf16-split / mxfp8-split run the decode step's tiles (kernels.moe.first_generation_tiles at one token, 4
 pairs over 16 experts, the shared expert beside: routed_split_tiles / mx_split_tiles at ROUTED_SPLIT_TOKENS 1, the
-default), bf16 / mxfp8 the unsplit grid (moe_tiles / mx_moe_tiles, what ROUTED_SPLIT_TOKENS 0 runs), and
-bf16-split-loop1 / mxfp8-split-loop1 the split tiles with one program along M (ROUTED_LOOP_M 1). Each call's picks
-name other experts than the call before (cold weights: 16 experts are 1.8 GB in bf16). Times: all calls in one
-CUDA graph, replayed (kernels_gpu.time_us); floor: the picked experts' bytes at the device's copy rate
-(floor_bandwidth.py). Checked first against the fp32 reference at each pick count.
+default), bf16 / mxfp8 the unsplit grid (moe_tiles / mx_moe_tiles, what ROUTED_SPLIT_TOKENS 0 runs); each call's picks name other experts than the call before (cold weights: 16 experts are 1.8 GB
+in bf16). Times: all calls in one CUDA graph, replayed (kernels_gpu.time_us); floor: the picked experts' bytes at
+the device's copy rate (floor_bandwidth.py). Checked first against the fp32 reference at each pick count.
 """
 
 from __future__ import annotations
 
 import itertools
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -83,18 +81,14 @@ def measure(x, ex: Experts, tiles, n_local: int, sh: Shapes) -> tuple[float, flo
 
 
 def by_picks(x, fmts: list[Experts], sh: Shapes) -> int:
-    """Each format on the unsplit grid, on the decode step's (split) tiles, and on those with the other
-    programs-along-M choice (kernels.moe.ROUTED_LOOP_M: 1, one program looping over the live M-blocks, while the
-    runtime's is 0; else 0) at 0..top_k local picks."""
+    """Each format on the unsplit grid and on the decode step's (split) tiles at 0..top_k local picks."""
     bad = 0
     print(f"{'experts':<13}{'local picks':>12}{'us':>9}{'floor us':>10}{'of floor':>10}{'err':>10}")
     for ex in fmts:
         unsplit = (mx_moe_tiles(sh.top_k, sh.n_local, sh.inter, sh.hidden) if ex.quantized
                    else moe_tiles(sh.top_k, sh.n_local, sh.inter, sh.hidden, 0, 1))
         rule = first_generation_tiles(1, sh.top_k, sh.n_local, sh.inter, sh.hidden, ex.quantized)
-        looped = replace(rule, loop_m=0 if rule.loop_m else 1)
-        for label, tiles in ((ex.label, unsplit), (f"{ex.label}-split", rule),
-                             (f"{ex.label}-split-loop{looped.loop_m}", looped)):
+        for label, tiles in ((ex.label, unsplit), (f"{ex.label}-split", rule)):
             for n_local in range(sh.top_k + 1):
                 us, floor_us, err = measure(x, ex, tiles, n_local, sh)
                 bad += err > 2e-2

@@ -22,7 +22,6 @@ Exit code: 0 all checks passed, 1 a check failed, 2 no GPU (without --tiny).
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
 import sys
@@ -193,12 +192,12 @@ def run_checks(sh: Shapes, dev, gen) -> dict[str, float]:
 
 def decode_step_rows(layers_bf16: int, layers_mx: int, batches: tuple[int, ...], ctx: int, dev,
                      formats: tuple[str, ...] = ("plain", "mxfp8", "nvfp4-experts"),
-                     routed_splits: tuple[int, ...] = (), routed_loops: tuple[int, ...] = ()) -> list[dict]:
+                     routed_splits: tuple[int, ...] = ()) -> list[dict]:
     """Step ms of the TP8/EP8 rank model (decode_step.py's shapes) in bf16, MXFP8 (row- and block-major) and
     NVFP4-expert weights (the ModelOpt release's mix: NVFP4 routed experts, MXFP8 block-major elsewhere), packed
     and with the experts' codes held as e4m3 bytes (runtime.nv_codes); each batch under every
-    kernels.moe.ROUTED_SPLIT_TOKENS of `routed_splits` x ROUTED_LOOP_M of `routed_loops` (each default: the
-    runtime's; a row's label names the values other than the runtime's)."""
+    kernels.moe.ROUTED_SPLIT_TOKENS of `routed_splits` (default: the runtime's; a row's label names a value other
+    than the runtime's)."""
     from decode_floor import M3Shapes
     from decode_setup import decode_meta, fill_random_, graphed, hf_m3_config, median_ms, our_config
 
@@ -209,7 +208,7 @@ def decode_step_rows(layers_bf16: int, layers_mx: int, batches: tuple[int, ...],
     from m3bench.runtime.model import M3ForCausalLM
 
     s, rows = M3Shapes(), []
-    default_split, default_loop = moe_kernels.ROUTED_SPLIT_TOKENS, moe_kernels.ROUTED_LOOP_M
+    default_split = moe_kernels.ROUTED_SPLIT_TOKENS
     for fmt, layers in ((LinearFormat.PLAIN, layers_bf16), (LinearFormat.MXFP8, layers_mx),
                         (LinearFormat.NVFP4_EXPERTS, layers_mx)):
         if fmt.value not in formats:
@@ -235,19 +234,16 @@ def decode_step_rows(layers_bf16: int, layers_mx: int, batches: tuple[int, ...],
                 set_mx_layout(model, layout)
             for b in batches:
                 meta, ids = decode_meta(s, b, ctx, dev), torch.randint(0, s.vocab, (b,), device=dev)
-                for split, loop in itertools.product(routed_splits or (default_split,),
-                                                     routed_loops or (default_loop,)):
-                    moe_kernels.ROUTED_SPLIT_TOKENS, moe_kernels.ROUTED_LOOP_M = split, loop
+                for split in routed_splits or (default_split,):
+                    moe_kernels.ROUTED_SPLIT_TOKENS = split
                     try:
                         run, graph = graphed(lambda: model.compute_logits(model(ids, meta.positions, meta, kv)), dev)
                         ms = median_ms(run, dev, 3, 20)
                     finally:
-                        moe_kernels.ROUTED_SPLIT_TOKENS, moe_kernels.ROUTED_LOOP_M = default_split, default_loop
-                    name = (label + (f" split<={split}" if split != default_split else "")
-                            + (f" loop_m {loop}" if loop != default_loop else ""))
+                        moe_kernels.ROUTED_SPLIT_TOKENS = default_split
+                    name = label + (f" split<={split}" if split != default_split else "")
                     rows.append({"weights": name, "layers": layers, "batch": b, "context": ctx, "step_ms": ms,
-                                 "ms_per_layer": ms / layers, "cuda_graph": graph, "routed_split_tokens": split,
-                                 "routed_loop_m": loop})
+                                 "ms_per_layer": ms / layers, "cuda_graph": graph, "routed_split_tokens": split})
                     print(f"  {name:<18} {layers} layers B={b:<3} step {ms:8.3f} ms ({ms / layers:.3f} ms/layer)",
                           flush=True)
                     del run, graph
@@ -292,9 +288,6 @@ def parse_args(argv):
     ap.add_argument("--routed-split", type=int, nargs="+", default=[],
                     help="kernels.moe.ROUTED_SPLIT_TOKENS values the decode-step rows run under, side by side "
                          "(default: the runtime's)")
-    ap.add_argument("--routed-loop", type=int, nargs="+", default=[],
-                    help="kernels.moe.ROUTED_LOOP_M values (programs along M of the one-token split tiles; 0: one "
-                         "an M-block) the decode-step rows run under (default: the runtime's)")
     ap.add_argument("--context", type=int, default=8192)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--markdown", type=Path, default=None)
@@ -323,8 +316,7 @@ def main(argv=None) -> int:
     rows = [] if args.steps_only else kernel_rows(sh, dev, gen)
     steps = [] if args.kernels_only or args.tiny else decode_step_rows(args.bf16_layers, 60, (1, 16, 64),
                                                                        args.context, dev, tuple(args.step_formats),
-                                                                       tuple(args.routed_split),
-                                                                       tuple(args.routed_loop))
+                                                                       tuple(args.routed_split))
     table = (markdown_table(rows) if rows else "") + ("\n\n" + step_table(steps) if steps else "")
     print(table)
     if args.markdown:

@@ -246,8 +246,7 @@ def test_the_runtime_ops_set_is_what_the_runtime_does_by_default(fl, rt):
     s = fl.TINY_RANK
 
     def switches(model) -> list:
-        flags = [backend.PDL["launch"], moe.ROUTED_SPLIT_TOKENS, moe.ROUTED_LOOP_M,
-                 getattr(model.backend, "fuse_ops", None)]
+        flags = [backend.PDL["launch"], moe.ROUTED_SPLIT_TOKENS, getattr(model.backend, "fuse_ops", None)]
         for layer in model.layers:
             parts = (layer.attn, layer.mlp, getattr(layer.mlp, "shared", None))
             names = ("fuse_branches", "fuse_qkv_heads", "index_beside", "fuse_act", "fuse_router", "fuse_shared",
@@ -288,13 +287,10 @@ def test_pdl_ops_sets_switch_the_process_and_are_restored(fl, rt):
         assert moe.ROUTED_SPLIT_TOKENS == 1 and PDL["launch"] is Pdl.ON
         setup.set_ops(model, setup.OpsSet.SKINNY_PDL_SIDE_WHOLE)
         assert moe.ROUTED_SPLIT_TOKENS == 0
-        setup.set_ops(model, setup.OpsSet.LOOP)
-        assert moe.ROUTED_SPLIT_TOKENS == 1 and moe.ROUTED_LOOP_M == 1
         setup.set_ops(model, setup.OpsSet.SPLIT)
-        assert moe.ROUTED_LOOP_M == 0
-        setup.set_ops(model, setup.OpsSet.LOOP)
-    assert PDL["launch"] is before and moe.ROUTED_SPLIT_TOKENS == 1  # the runtime's defaults, restored
-    assert moe.ROUTED_LOOP_M == 0
+        assert moe.ROUTED_SPLIT_TOKENS == 1
+        setup.set_ops(model, setup.OpsSet.SKINNY_PDL_SIDE_WHOLE)  # left unsplit: the exit restores the split
+    assert PDL["launch"] is before and moe.ROUTED_SPLIT_TOKENS == 1  # the runtime's default, restored
 
 
 def test_cpu_smoke_times_pdl_sets_and_checks_under_the_chosen_mode(ds, tmp_path, monkeypatch):

@@ -108,11 +108,6 @@ class MoeTiles:
     block_n_down: int = 0
     split_k: int = 1  # gate+up K-chunks of the shared expert (> 1: fp32 partials, the last chunk activates)
     split_k_routed: int = 1  # ... of a routed expert (divides split_k)
-    loop_m: int = 0  # > 0: this many programs along M, each striding over the live M-blocks; 0: one a block
-
-    def grid_m(self, blocks: int) -> int:
-        """Programs along M for a launch of `blocks` M-blocks (a static bound)."""
-        return min(self.loop_m, blocks) if self.loop_m else blocks
 
     @property
     def n_down(self) -> int:
@@ -127,11 +122,6 @@ SKINNY_TOKENS = 4  # with a shared expert, batches up to this many tokens run th
 # 45.4 split (H200; floor 26.8; 0 picks 5.1 against 7.7). The 60-layer rank step at B1 (realistic routing):
 # 4.301 -> 4.155 ms bf16, 8.072 -> 7.782 ms MXFP8 block-major (H200, 2026-12-06, docs/performance.md 2i).
 ROUTED_SPLIT_TOKENS = 1
-# Programs along M of those split tiles (MoeTiles.loop_m): one token's 4 pairs bound the grid at 4 M-blocks, most of
-# them empty at B1 (0 local picks in ~59% of a rank's MoE layers, 1 in ~33%), and the empty blocks' programs cost
-# launch time (one token, no local pick: 6.9 us split against 5.2 unsplit, H100, 2i). 1: one program along M, looping
-# over the live blocks. 0 (one a block) until timed.
-ROUTED_LOOP_M = 0
 MAX_SPLIT_K = 32
 
 
@@ -169,10 +159,9 @@ def first_generation_tiles(n_tok: int, top_k: int, n_experts: int, inter: int, h
     """The tiles fused_moe runs its first-generation kernels on when a call names none: quantized experts
     mx_moe_tiles, plain ones moe_tiles (with the shared expert inside at a few tokens: its split-K); without the
     shared expert, at most ROUTED_SPLIT_TOKENS tokens split the routed experts' K (one active expert then fills
-    the GPU by itself): mx_split_tiles, routed_split_tiles, with ROUTED_LOOP_M programs along M."""
+    the GPU by itself): mx_split_tiles, routed_split_tiles."""
     if 0 < n_tok <= ROUTED_SPLIT_TOKENS and not shared_inter:
-        split = mx_split_tiles(inter, hidden) if quantized else routed_split_tiles(inter, hidden)
-        return replace(split, loop_m=ROUTED_LOOP_M)
+        return mx_split_tiles(inter, hidden) if quantized else routed_split_tiles(inter, hidden)
     if quantized:
         return mx_moe_tiles(n_tok * top_k, n_experts, inter, hidden)
     return moe_tiles(n_tok * top_k, n_experts, inter, hidden, shared_inter, n_tok)
@@ -375,7 +364,7 @@ def _launch_gate_up(x, wg, wu, inter, sorted_ids, block_expert, n_post, top_k, a
     i_shared = shared.inter if shared is not None else 0
     n_tiles = math.ceil(n_inter / tiles.block_n) + math.ceil(i_shared / tiles.block_n)
     check_counters(block_expert.shape[0] * n_tiles, split)  # the kernel's N_T tiles a block
-    grid = (tiles.grid_m(block_expert.shape[0]), gate_up_programs(n_inter, i_shared, split, tiles))
+    grid = (block_expert.shape[0], gate_up_programs(n_inter, i_shared, split, tiles))
     moe_gate_up_kernel[grid](
         x, wg, wu, inter, sorted_ids, block_expert, n_post, n_all, alpha, limit,
         x.stride(0), wg.stride(0), wg.stride(1), wu.stride(0), wu.stride(1), inter.stride(0),
@@ -387,7 +376,7 @@ def _launch_gate_up(x, wg, wu, inter, sorted_ids, block_expert, n_post, top_k, a
         BLOCK_K=tiles.block_k, ACT=ACT_CODE[act], F32=x.dtype == torch.float32 or interpreting(),
         FMT=fmt, SHARED=shared is not None, E_R=wg.shape[0] if shared is not None else -1,
         I_S=i_shared, SPLIT=split,
-        SPLIT_R=tiles.split_k_routed if split > 1 else 1, SB=sb, LOOP_M=tiles.loop_m > 0,
+        SPLIT_R=tiles.split_k_routed if split > 1 else 1, SB=sb,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages, **pdl_args(x),
     )
 
@@ -412,7 +401,7 @@ def _launch_down(inter, wd, y, sorted_ids, block_expert, n_post, weights, tiles,
     fmt = _fmt_code(scales, wd)
     sb = _sub_block(fmt)
     wsd = wd if shared is None else shared.w_down
-    grid = (tiles.grid_m(block_expert.shape[0]), math.ceil(hidden / tiles.n_down))
+    grid = (block_expert.shape[0], math.ceil(hidden / tiles.n_down))
     moe_down_kernel[grid](
         inter, wd, y, sorted_ids, block_expert, n_post, weights, y.shape[0],
         inter.stride(0), wd.stride(0), wd.stride(1), y.stride(0), sd, sde, sdn, gd, gde,
@@ -420,7 +409,7 @@ def _launch_down(inter, wd, y, sorted_ids, block_expert, n_post, weights, tiles,
         I=n_inter, H=hidden, BLOCK_M=tiles.block_m, BLOCK_N=tiles.n_down, BLOCK_K=tiles.block_k,
         F32=inter.dtype == torch.float32 or interpreting(), FMT=fmt,
         SHARED=shared is not None, E_R=wd.shape[0] if shared is not None else -1,
-        I_S=shared.inter if shared is not None else 0, SB=sb, LOOP_M=tiles.loop_m > 0,
+        I_S=shared.inter if shared is not None else 0, SB=sb,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages, **pdl_args(inter),
     )
 

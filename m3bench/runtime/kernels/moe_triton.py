@@ -96,44 +96,17 @@ def moe_gate_up_kernel(
     cnt_ptr, H: tl.constexpr, I: tl.constexpr, TOPK: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACT: tl.constexpr, F32: tl.constexpr, FMT: tl.constexpr,
     SHARED: tl.constexpr, E_R: tl.constexpr, I_S: tl.constexpr, SPLIT: tl.constexpr, SPLIT_R: tl.constexpr,
-    SB: tl.constexpr, LOOP_M: tl.constexpr, PDL: tl.constexpr,
+    SB: tl.constexpr, PDL: tl.constexpr,
 ):
     """inter[slot, n] = act(x[tok] . wg[e, n], x[tok] . wu[e, n]) for the block's slots (SPLIT > 1:
     the fp32 partials of one K chunk into part[chunk, pair]; SPLIT chunks for the shared expert,
     SPLIT_R for a routed one, the grid's dim 1 spanning N tiles x chunks of the larger of the two; the tile's
     last chunk to finish sums them in chunk order, activates, and resets its counter cnt[block * N_T + tile]).
-    FMT 1 and 3 run SB-wide sub-dots (mxfp8_triton.mx_subdot).
-    LOOP_M: the grid's few programs along M each stride over the live M-blocks (one token: one), else one a block."""
+    FMT 1 and 3 run SB-wide sub-dots (mxfp8_triton.mx_subdot)."""
     pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
-    n_blocks = tl.cdiv(tl.load(n_post_ptr), BLOCK_M)
-    # Two call sites, not one loop of 0-1 trips for the default: that loop grew the default variants' PTX 6-11%
-    # (compiled for sm90), this form 1-2%, against the kernels timed before LOOP_M (so too moe_down_kernel).
-    if LOOP_M:
-        for pid_m in range(tl.program_id(0), n_blocks, tl.num_programs(0)):
-            _gate_up_block(
-                x_ptr, wg_ptr, wu_ptr, inter_ptr, sorted_ptr, block_expert_ptr, n_pairs, alpha, limit, s_xt, s_ge,
-                s_gn, s_ue, s_un, s_it, sg_ptr, su_ptr, s_sge, s_sgn, s_sue, s_sun, gg_ptr, gu_ptr, s_gge, s_gue,
-                n_routed, wsg_ptr, wsu_ptr, s_wsg, s_wsu, part_ptr, s_pk, s_pp, s_gb, s_ub, cnt_ptr, H, I, TOPK,
-                BLOCK_M, BLOCK_N, BLOCK_K, ACT, F32, FMT, SHARED, E_R, I_S, SPLIT, SPLIT_R, SB, pid_m)
-    elif tl.program_id(0) < n_blocks:
-        _gate_up_block(
-            x_ptr, wg_ptr, wu_ptr, inter_ptr, sorted_ptr, block_expert_ptr, n_pairs, alpha, limit, s_xt, s_ge, s_gn,
-            s_ue, s_un, s_it, sg_ptr, su_ptr, s_sge, s_sgn, s_sue, s_sun, gg_ptr, gu_ptr, s_gge, s_gue, n_routed,
-            wsg_ptr, wsu_ptr, s_wsg, s_wsu, part_ptr, s_pk, s_pp, s_gb, s_ub, cnt_ptr, H, I, TOPK, BLOCK_M, BLOCK_N,
-            BLOCK_K, ACT, F32, FMT, SHARED, E_R, I_S, SPLIT, SPLIT_R, SB, tl.program_id(0))
-
-
-@triton.jit
-def _gate_up_block(
-    x_ptr, wg_ptr, wu_ptr, inter_ptr, sorted_ptr, block_expert_ptr, n_pairs, alpha, limit, s_xt, s_ge,
-    s_gn, s_ue, s_un, s_it, sg_ptr, su_ptr, s_sge, s_sgn, s_sue, s_sun, gg_ptr, gu_ptr, s_gge, s_gue, n_routed,
-    wsg_ptr, wsu_ptr, s_wsg, s_wsu, part_ptr, s_pk, s_pp, s_gb, s_ub, cnt_ptr, H: tl.constexpr, I: tl.constexpr,
-    TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACT: tl.constexpr,
-    F32: tl.constexpr, FMT: tl.constexpr, SHARED: tl.constexpr, E_R: tl.constexpr, I_S: tl.constexpr,
-    SPLIT: tl.constexpr, SPLIT_R: tl.constexpr, SB: tl.constexpr,
-    pid_m,
-):
-    """The gate|up GEMM of M-block pid_m (moe_gate_up_kernel)."""
+    pid_m = tl.program_id(0)
+    if pid_m * BLOCK_M >= tl.load(n_post_ptr):
+        return
     e, slots, pair, row_ok = _block_rows(sorted_ptr, block_expert_ptr, n_pairs, pid_m, BLOCK_M)
     if SHARED:
         tok = tl.where(pair < n_routed, pair // TOPK, pair - n_routed).to(tl.int64)
@@ -151,61 +124,62 @@ def _gate_up_block(
         k_hi = tl.minimum(k_lo + k_per, H)
     else:
         pid_n, pid_k, k_lo, k_hi = tl.program_id(1), 0, 0, H
-    if pid_n * BLOCK_N < n_lim:  # (no early return: the caller may loop)
-        n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_ok = n < n_lim
-        acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        G: tl.constexpr = BLOCK_K // SB
-        if FMT == 1 or FMT == 3:  # MXFP8 scales (NVFP4's scale x global), each K step's loaded one step ahead
-            sg_rows, su_rows = sg_ptr + e * s_sge + n * s_sgn, su_ptr + e * s_sue + n * s_sun
-            gg_rows, gu_rows = gg_ptr + e * s_gge + n, gu_ptr + e * s_gue + n
-            steps_g = sub_block_steps(sg_rows, gg_rows, n_ok, k_lo, H, G, FMT)
-            steps_u = sub_block_steps(su_rows, gu_rows, n_ok, k_lo, H, G, FMT)
-        for k0 in range(k_lo, k_hi, BLOCK_K):
-            if FMT == 1 or FMT == 3:  # SB-wide sub-dots, each scaled by its block's multiplier; one activation block
-                next_g = sub_block_steps(sg_rows, gg_rows, n_ok, k0 + BLOCK_K, H, G, FMT)
-                next_u = sub_block_steps(su_rows, gu_rows, n_ok, k0 + BLOCK_K, H, G, FMT)
-                qg = mx_weight_blocks(wg_ptr + e * s_ge + n[:, None] * s_gn, s_gb, n_ok, k0, H, BLOCK_K, SB)
-                qu = mx_weight_blocks(wu_ptr + e * s_ue + n[:, None] * s_un, s_ub, n_ok, k0, H, BLOCK_K, SB)
-                for j in tl.static_range(G):
-                    kk = k0 + j * SB + tl.arange(0, SB)
-                    a = act_block(x_ptr + tok[:, None] * s_xt, kk, row_ok[:, None] & (kk < H)[None, :], F32)
-                    acc_g = mx_subdot(acc_g, a, qg[j], steps_g[j], F32)
-                    acc_u = mx_subdot(acc_u, a, qu[j], steps_u[j], F32)
-                steps_g, steps_u = next_g, next_u
-            else:
-                kk = k0 + tl.arange(0, BLOCK_K)
-                k_ok = kk < H
-                a = tl.load(x_ptr + tok[:, None] * s_xt + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-                w_mask = n_ok[:, None] & k_ok[None, :]
-                if FMT == 2:
-                    wg = nv_weight_tile(wg_ptr + e * s_ge, sg_ptr + e * s_sge, gg_ptr + e * s_gge, n, kk, s_gn, s_sgn,
-                                        n_ok, k_ok)
-                    wu = nv_weight_tile(wu_ptr + e * s_ue, su_ptr + e * s_sue, gu_ptr + e * s_gue, n, kk, s_un, s_sun,
-                                        n_ok, k_ok)
-                else:
-                    wg = tl.load(wg_base + n[:, None] * s_gn_e + kk[None, :], mask=w_mask, other=0.0)
-                    wu = tl.load(wu_base + n[:, None] * s_un_e + kk[None, :], mask=w_mask, other=0.0)
-                acc_g += mma(a, tl.trans(wg), F32)
-                acc_u += mma(a, tl.trans(wu), F32)
-        mask = row_ok[:, None] & n_ok[None, :]
-        if SPLIT > 1:
-            part = part_ptr + pair[:, None].to(tl.int64) * s_pp + n[None, :]
-            tl.store(part + pid_k * s_pk, acc_g, mask=mask, cache_modifier=".cg")  # past L1: the last chunk reads it
-            tl.store(part + pid_k * s_pk + I, acc_u, mask=mask, cache_modifier=".cg")
-            N_T: tl.constexpr = (I + BLOCK_N - 1) // BLOCK_N + (I_S + BLOCK_N - 1) // BLOCK_N  # tiles a block, at most
-            tile = pid_m * N_T + pid_n
-            if last_split(cnt_ptr, tile, n_split):
-                acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-                acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-                for k in range(0, n_split):  # chunk order: deterministic
-                    acc_g += tl.load(part + k * s_pk, mask=mask, other=0.0, cache_modifier=".cg")
-                    acc_u += tl.load(part + k * s_pk + I, mask=mask, other=0.0, cache_modifier=".cg")
-                _store_inter(acc_g, acc_u, inter_ptr, slots, n, mask, s_it, alpha, limit, ACT)
-                tl.atomic_xchg(cnt_ptr + tile, 0)
+    if pid_n * BLOCK_N >= n_lim:
+        return
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < n_lim
+    acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    G: tl.constexpr = BLOCK_K // SB
+    if FMT == 1 or FMT == 3:  # MXFP8 scales (NVFP4's scale x global), each K step's loaded one step ahead
+        sg_rows, su_rows = sg_ptr + e * s_sge + n * s_sgn, su_ptr + e * s_sue + n * s_sun
+        gg_rows, gu_rows = gg_ptr + e * s_gge + n, gu_ptr + e * s_gue + n
+        steps_g = sub_block_steps(sg_rows, gg_rows, n_ok, k_lo, H, G, FMT)
+        steps_u = sub_block_steps(su_rows, gu_rows, n_ok, k_lo, H, G, FMT)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        if FMT == 1 or FMT == 3:  # SB-wide sub-dots, each scaled by its block's multiplier; one activation block
+            next_g = sub_block_steps(sg_rows, gg_rows, n_ok, k0 + BLOCK_K, H, G, FMT)
+            next_u = sub_block_steps(su_rows, gu_rows, n_ok, k0 + BLOCK_K, H, G, FMT)
+            qg = mx_weight_blocks(wg_ptr + e * s_ge + n[:, None] * s_gn, s_gb, n_ok, k0, H, BLOCK_K, SB)
+            qu = mx_weight_blocks(wu_ptr + e * s_ue + n[:, None] * s_un, s_ub, n_ok, k0, H, BLOCK_K, SB)
+            for j in tl.static_range(G):
+                kk = k0 + j * SB + tl.arange(0, SB)
+                a = act_block(x_ptr + tok[:, None] * s_xt, kk, row_ok[:, None] & (kk < H)[None, :], F32)
+                acc_g = mx_subdot(acc_g, a, qg[j], steps_g[j], F32)
+                acc_u = mx_subdot(acc_u, a, qu[j], steps_u[j], F32)
+            steps_g, steps_u = next_g, next_u
         else:
+            kk = k0 + tl.arange(0, BLOCK_K)
+            k_ok = kk < H
+            a = tl.load(x_ptr + tok[:, None] * s_xt + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            w_mask = n_ok[:, None] & k_ok[None, :]
+            if FMT == 2:
+                wg = nv_weight_tile(wg_ptr + e * s_ge, sg_ptr + e * s_sge, gg_ptr + e * s_gge, n, kk, s_gn, s_sgn,
+                                    n_ok, k_ok)
+                wu = nv_weight_tile(wu_ptr + e * s_ue, su_ptr + e * s_sue, gu_ptr + e * s_gue, n, kk, s_un, s_sun,
+                                    n_ok, k_ok)
+            else:
+                wg = tl.load(wg_base + n[:, None] * s_gn_e + kk[None, :], mask=w_mask, other=0.0)
+                wu = tl.load(wu_base + n[:, None] * s_un_e + kk[None, :], mask=w_mask, other=0.0)
+            acc_g += mma(a, tl.trans(wg), F32)
+            acc_u += mma(a, tl.trans(wu), F32)
+    mask = row_ok[:, None] & n_ok[None, :]
+    if SPLIT > 1:
+        part = part_ptr + pair[:, None].to(tl.int64) * s_pp + n[None, :]
+        tl.store(part + pid_k * s_pk, acc_g, mask=mask, cache_modifier=".cg")  # past L1: the last chunk reads it
+        tl.store(part + pid_k * s_pk + I, acc_u, mask=mask, cache_modifier=".cg")
+        N_T: tl.constexpr = (I + BLOCK_N - 1) // BLOCK_N + (I_S + BLOCK_N - 1) // BLOCK_N  # tiles a block, at most
+        tile = pid_m * N_T + pid_n
+        if last_split(cnt_ptr, tile, n_split):
+            acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            for k in range(0, n_split):  # chunk order: deterministic
+                acc_g += tl.load(part + k * s_pk, mask=mask, other=0.0, cache_modifier=".cg")
+                acc_u += tl.load(part + k * s_pk + I, mask=mask, other=0.0, cache_modifier=".cg")
             _store_inter(acc_g, acc_u, inter_ptr, slots, n, mask, s_it, alpha, limit, ACT)
+            tl.atomic_xchg(cnt_ptr + tile, 0)
+    else:
+        _store_inter(acc_g, acc_u, inter_ptr, slots, n, mask, s_it, alpha, limit, ACT)
 
 
 @triton.jit
@@ -220,34 +194,13 @@ def moe_down_kernel(
     s_it, s_de, s_dn, s_yp, sd_ptr, s_sde, s_sdn, gd_ptr, s_gde, n_routed, wsd_ptr, s_wsd, s_db,
     I: tl.constexpr, H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, F32: tl.constexpr, FMT: tl.constexpr,
-    SHARED: tl.constexpr, E_R: tl.constexpr, I_S: tl.constexpr, SB: tl.constexpr, LOOP_M: tl.constexpr,
-    PDL: tl.constexpr,
+    SHARED: tl.constexpr, E_R: tl.constexpr, I_S: tl.constexpr, SB: tl.constexpr, PDL: tl.constexpr,
 ):
-    """y[pair, n] = routing_weight[pair] * inter[slot] . wd[e, n] (the shared expert's pairs: weight 1); LOOP_M as
-    moe_gate_up_kernel's."""
+    """y[pair, n] = routing_weight[pair] * inter[slot] . wd[e, n] (the shared expert's pairs: weight 1)."""
     pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
-    n_blocks = tl.cdiv(tl.load(n_post_ptr), BLOCK_M)
-    if LOOP_M:
-        for pid_m in range(tl.program_id(0), n_blocks, tl.num_programs(0)):
-            _down_block(
-                inter_ptr, wd_ptr, y_ptr, sorted_ptr, block_expert_ptr, weights_ptr, n_pairs, s_it, s_de, s_dn, s_yp,
-                sd_ptr, s_sde, s_sdn, gd_ptr, s_gde, n_routed, wsd_ptr, s_wsd, s_db, I, H, BLOCK_M, BLOCK_N, BLOCK_K,
-                F32, FMT, SHARED, E_R, I_S, SB, pid_m)
-    elif tl.program_id(0) < n_blocks:
-        _down_block(
-            inter_ptr, wd_ptr, y_ptr, sorted_ptr, block_expert_ptr, weights_ptr, n_pairs, s_it, s_de, s_dn, s_yp,
-            sd_ptr, s_sde, s_sdn, gd_ptr, s_gde, n_routed, wsd_ptr, s_wsd, s_db, I, H, BLOCK_M, BLOCK_N, BLOCK_K, F32,
-            FMT, SHARED, E_R, I_S, SB, tl.program_id(0))
-
-
-@triton.jit
-def _down_block(
-    inter_ptr, wd_ptr, y_ptr, sorted_ptr, block_expert_ptr, weights_ptr, n_pairs, s_it, s_de, s_dn, s_yp, sd_ptr,
-    s_sde, s_sdn, gd_ptr, s_gde, n_routed, wsd_ptr, s_wsd, s_db, I: tl.constexpr, H: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, F32: tl.constexpr, FMT: tl.constexpr,
-    SHARED: tl.constexpr, E_R: tl.constexpr, I_S: tl.constexpr, SB: tl.constexpr, pid_m,
-):
-    """The down GEMM of M-block pid_m (moe_down_kernel)."""
+    pid_m = tl.program_id(0)
+    if pid_m * BLOCK_M >= tl.load(n_post_ptr):
+        return
     e, slots, pair, row_ok = _block_rows(sorted_ptr, block_expert_ptr, n_pairs, pid_m, BLOCK_M)
     if SHARED:
         wd_base, s_dn_e, k_end = _pick_expert(e, wd_ptr, s_de, s_dn, wsd_ptr, s_wsd, I, I_S, E_R)

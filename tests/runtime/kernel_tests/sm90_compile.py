@@ -16,7 +16,6 @@ compiles (nor the instruction comparison).
 
 import os
 import sys
-from dataclasses import replace
 
 import torch
 
@@ -47,7 +46,7 @@ from m3bench.runtime.kernels.add_norm import add_rms_norm_fused
 from m3bench.runtime.kernels.attention import paged_attention
 from m3bench.runtime.kernels.backend import KernelBackend
 from m3bench.runtime.kernels.kv_write import write_pages
-from m3bench.runtime.kernels.moe import MoeScales, MoeTiles, SharedExpert, first_generation_tiles, fused_moe
+from m3bench.runtime.kernels.moe import MoeScales, MoeTiles, SharedExpert, fused_moe
 from m3bench.runtime.kernels.msa_index import msa_select_blocks, select_top_blocks
 from m3bench.runtime.kernels.mxfp8 import mxfp8_linear
 from m3bench.runtime.kernels.norm_rope import Branch, BranchWrite, norm_rope_write, norm_rope_write_pair
@@ -139,8 +138,6 @@ def record_all(q_lens):
         ids = torch.randint(0, 16, (n_tok, 4), dtype=torch.int32)
         fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T)
         fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T, add=xs)  # the shared expert beside
-        looped = replace(first_generation_tiles(n_tok, 4, 16, 3072, 6144, False), loop_m=1)  # programs striding M
-        fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T, add=xs, tiles=looped)
         ws = torch.empty(384, 6144, dtype=torch.bfloat16)  # the shared expert inside (split-K at batch 1)
         fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T,
                   shared=SharedExpert(ws, ws, torch.empty(6144, 384, dtype=torch.bfloat16)))
@@ -198,8 +195,6 @@ def record_mxfp8(T):
         fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T, scales=scales)
         old = moe_tiles(n_tok * 4, 16, 3072, 6144)
         fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T, scales=scales, tiles=old)
-        looped = replace(first_generation_tiles(n_tok, 4, 16, 3072, 6144, True), loop_m=1)
-        fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T, scales=scales, tiles=looped)
         e4m3 = torch.float8_e4m3fn
         nv = MoeScales(torch.empty(16, 3072, 384, dtype=e4m3), torch.empty(16, 3072, 384, dtype=e4m3),
                        torch.empty(16, 6144, 192, dtype=e4m3), torch.empty(16, 3072), torch.empty(16, 3072),

@@ -1,7 +1,5 @@
 """Triton fused MoE (interpreter) vs the torch reference: align, activations, skipped experts."""
 
-from dataclasses import replace
-
 import pytest
 import torch
 
@@ -186,21 +184,17 @@ def test_one_token_without_the_shared_expert_splits_the_routed_experts(monkeypat
     assert tiles(1, True) == moe.mx_moe_tiles(4, 16, 3072, 6144)
 
 
-@pytest.mark.parametrize("loop_m", [0, 1])
 @pytest.mark.parametrize("local", [0, 1, 2])
-def test_one_token_split_routed_experts_match_the_reference(local, loop_m, monkeypatch):
+def test_one_token_split_routed_experts_match_the_reference(local):
     """One token, top-4 over 16 local experts + other ranks' (-1), 0-2 of them local, on the decode tiles
-    first_generation_tiles gives (split K, the partials summed by the tile's last chunk; ROUTED_LOOP_M 1: one
-    program along M looping over the live blocks): the fp64 reference."""
-    from m3bench.runtime.kernels import moe
+    first_generation_tiles gives (split K, the partials summed by the activation kernel): the fp64 reference."""
     from m3bench.runtime.kernels.moe import first_generation_tiles
 
-    monkeypatch.setattr(moe, "ROUTED_LOOP_M", loop_m)
     p = _problem(50 + local, n_tok=1, top_k=4, n_exp=16, hidden=256)
     p["topk_ids"][0] = torch.tensor([3, 9, -1, -1][:local] + [-1] * (4 - local), dtype=p["topk_ids"].dtype)
     inter = p["w_down"].shape[2]
     tiles = first_generation_tiles(1, 4, 16, inter, 256, False)
-    assert tiles.split_k > 1 and tiles.loop_m == loop_m and tiles.grid_m(4) == (loop_m or 4)
+    assert tiles.split_k > 1
     out = torch.full_like(p["x"], float("nan"))
     fused_moe(**p, out=out, backend=KernelBackend.TRITON, tiles=tiles)
     want = fused_moe_ref(**{k: v.double() if v.is_floating_point() else v for k, v in p.items()})
@@ -242,21 +236,6 @@ def test_split_gate_up_meets_in_its_kernel_and_repeats(monkeypatch, with_shared)
     want = _want(p, shared) if with_shared else fused_moe_ref(
         **{k: v.double() if v.is_floating_point() else v for k, v in p.items()})
     assert torch.allclose(got.double(), want, atol=1e-4, rtol=1e-4)
-
-
-@pytest.mark.parametrize("loop_m", [1, 2])
-def test_programs_striding_over_the_m_blocks_give_the_same_bits(loop_m):
-    """MoeTiles.loop_m: a few programs along M, each looping over the live M-blocks (several experts, the shared one
-    inside, split K), compute what one program a block computes, to the bit: the same sums in the same order."""
-    p = _problem(80 + loop_m, n_tok=6, top_k=4, n_exp=8, hidden=256, inter=96)
-    shared = _shared(81, hidden=256, inter=64)
-    base = MoeTiles(16, 32, 64, block_n_down=16, split_k=4, split_k_routed=2)
-    want = fused_moe(**p, backend=KernelBackend.TRITON, tiles=base, shared=shared)
-    got = fused_moe(**p, backend=KernelBackend.TRITON, tiles=replace(base, loop_m=loop_m), shared=shared)
-    assert torch.equal(got, want)
-    plain = MoeTiles(16, 32, 64)
-    assert torch.equal(fused_moe(**p, backend=KernelBackend.TRITON, tiles=replace(plain, loop_m=loop_m)),
-                       fused_moe(**p, backend=KernelBackend.TRITON, tiles=plain))
 
 
 def test_shared_align_with_torch_align(monkeypatch):

@@ -1,7 +1,5 @@
 """MXFP8 GEMM and MXFP8 fused MoE (Triton interpreter) against dequantize-then-matmul in fp32."""
 
-from dataclasses import replace
-
 import pytest
 import torch
 
@@ -111,12 +109,11 @@ def test_mxfp8_fused_moe_matches_dequantized_fp32(tiles):
     assert torch.allclose(torch_path.double(), want, atol=1e-3, rtol=1e-4)
 
 
-@pytest.mark.parametrize("loop_m", [0, 1])
 @pytest.mark.parametrize("local", [0, 1, 2])
-def test_mxfp8_routed_experts_split_k_at_one_token(local, loop_m):
-    """One token, 0-2 of its four picks local, MXFP8 experts on mx_split_tiles (K split, the partials summed by the
-    activation kernel), row- and block-major: dequantize-then-matmul in fp64; the split tiles fill the GPU with one
-    active expert at one rank's shapes; one program along M looping over the live blocks gives the same."""
+def test_mxfp8_routed_experts_split_k_at_one_token(local):
+    """One token, 0-2 of its four picks local, MXFP8 experts on mx_split_tiles (K split, the partials summed and activated by
+    each tile's last K chunk), row- and block-major: dequantize-then-matmul in fp64; the split tiles fill the GPU with one
+    active expert at one rank's shapes."""
     from m3bench.runtime.kernels.moe import MIN_PROGRAMS, gate_up_programs, mx_split_tiles
 
     g = torch.Generator().manual_seed(60 + local)
@@ -125,7 +122,7 @@ def test_mxfp8_routed_experts_split_k_at_one_token(local, loop_m):
     ids = torch.tensor([[1, 4, -1, -1][:local] + [-1] * (4 - local)], dtype=torch.int32)
     x, w = torch.randn(1, hidden, generator=g) * 2, torch.rand(1, 4, generator=g) + 0.1
     scales = MoeScales(sgu[:, :inter], sgu[:, inter:], sd)
-    tiles = replace(mx_split_tiles(inter, hidden), loop_m=loop_m)  # loop_m 1: one program along M
+    tiles = mx_split_tiles(inter, hidden)
     assert tiles.split_k == tiles.split_k_routed == 2  # hidden 256: two K steps of 128
     dq = lambda a, s: quant.dequant_mxfp8(a, s, torch.float64)  # noqa: E731
     want = fused_moe_ref(x.double(), dq(wgu, sgu)[:, :inter], dq(wgu, sgu)[:, inter:], dq(wd, sd), ids, w.double())
