@@ -154,3 +154,54 @@ def test_nvfp4_scales_must_be_whole_rows():
     with pytest.raises(ValueError, match="NVFP4 scales"):
         msa_select_blocks(case.iq, odd, case.block_tables, case.seq_lens, case.query_start_loc, 2,
                           backend=KernelBackend.TRITON, max_query_len=1)
+
+
+def _counting(monkeypatch):
+    """Launches of the indexer's kernels, by name, as they happen."""
+    from m3bench.runtime.kernels import msa_index_triton
+
+    launches = []
+
+    class Counting:
+        def __init__(self, name, kernel):
+            self.name, self.kernel = name, kernel
+
+        def __getitem__(self, grid):
+            launches.append(self.name)
+            return self.kernel[grid]
+
+    for name in ("block_scores_kernel", "topk_kernel"):
+        monkeypatch.setattr(msa_index_triton, name, Counting(name, getattr(msa_index_triton, name)))
+    return launches
+
+
+@pytest.mark.parametrize("rank_blocks", [128, 4])
+@pytest.mark.parametrize("fmt", list(kq.KVFormat))
+def test_topk_fused_in_the_scores_launch_at_decode_rows(monkeypatch, rank_blocks, fmt):
+    """FUSE_TOPK: at decode rows the last scores program of each query block selects its rows' top-k (by rank, or
+    by rounds for rows past RANK_BLOCKS): the reference's selection, in one launch; the split counters left zero;
+    a second call the same (it fails if the last program does not reset its counter)."""
+    from m3bench.runtime.kernels import msa_index
+    from m3bench.runtime.kernels.mx_linear import split_counters
+
+    monkeypatch.setattr(msa_index, "RANK_BLOCKS", rank_blocks)
+    monkeypatch.setattr(msa_index, "FUSE_TOPK", 1)
+    launches = _counting(monkeypatch)
+    case = make_case(16, q_lens=[1, 3, 2], seq_lens=[170, 90, 260], fmt=fmt, hi=4, hkv=4)
+    got, want = _select(case, topk=4, init_blocks=1, num_segments=3, max_query_len=3)
+    assert launches == ["block_scores_kernel"]
+    assert torch.equal(got, want)
+    assert not split_counters(case.iq.device).any()
+    again, _ = _select(case, topk=4, init_blocks=1, num_segments=3, max_query_len=3)
+    assert torch.equal(again, got)
+
+
+def test_fused_topk_leaves_prefill_chunks_to_the_topk_kernel(monkeypatch):
+    from m3bench.runtime.kernels import msa_index
+
+    monkeypatch.setattr(msa_index, "FUSE_TOPK", 1)
+    launches = _counting(monkeypatch)
+    case = make_case(17, q_lens=[40, 2], seq_lens=[100, 70], hi=4, hkv=4)
+    got, want = _select(case, topk=3, init_blocks=1, num_segments=2, max_query_len=40)
+    assert launches == ["block_scores_kernel", "topk_kernel"]
+    assert torch.equal(got, want)
