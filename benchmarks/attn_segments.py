@@ -2,14 +2,11 @@
 
     python benchmarks/attn_segments.py                  # H200: MSA and dense, B 1 / 4, 8k, FP8 KV
     python benchmarks/attn_segments.py --tiny           # CPU smoke run (TRITON_INTERPRET=1)
-    python benchmarks/attn_segments.py --merge 0 1      # the split merged by a reduce launch / in the launch
 
 At batch 1 a TP8 rank's attention reads ~0.5 MB (MSA: 16 selected pages of one KV head): its time is latency,
 the serial key steps of a program plus the merge of the segments. This times every (tile, segments) pair as CUDA
 graph replays over copies on distinct pages (cold data, kernels_gpu.time_us), the merge kernel included, checks
 each output against the rule's (attention.plan_attention), and prints the rule's pick beside the fastest.
---merge: kernels.attention.MERGE_SEGMENTS values to sweep (default: the runtime's); "merge 1" rows merge the
-segments in the attention launch (its last segment program), "merge 0" in a reduce launch.
 """
 
 from __future__ import annotations
@@ -24,7 +21,6 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kernels_gpu as kg  # noqa: E402
 
-from m3bench.runtime.kernels import attention  # noqa: E402
 from m3bench.runtime.kernels.attention import paged_attention, plan_attention  # noqa: E402
 
 TILES = (16, 32, 64, 128)  # 16: the tiny run's page
@@ -57,7 +53,7 @@ def sweep(sh: kg.Shapes, fmt: str, batch: int, ctx: int, sparse: bool, dev, gen)
             got = _attend(pool, bt0, sh, sel0, torch.empty_like(bt0.q), tile, seg)
             err = kg.rel_err(got, want)
             calls = [lambda c=c, t=tile, s=seg: _attend(pool, c[0], sh, c[1], c[2], t, s) for c in cases]
-            rows.append({"kind": "msa" if sparse else "dense", "merge": attention.MERGE_SEGMENTS, "batch": batch, "ctx": ctx, "tile": tile,
+            rows.append({"kind": "msa" if sparse else "dense", "batch": batch, "ctx": ctx, "tile": tile,
                          "segments": seg, "us": kg.time_us(calls), "err": err,
                          "rule": (tile, seg) == (rule.tile, rule.n_seg)})
     return rows
@@ -65,17 +61,17 @@ def sweep(sh: kg.Shapes, fmt: str, batch: int, ctx: int, sparse: bool, dev, gen)
 
 def print_rows(rows: list[dict]) -> bool:
     ok = True
-    print(f"{'kind':>5} {'merge':>5} {'B':>3} {'ctx':>6} {'tile':>5} {'segs':>5} {'us':>8} {'err':>9}")
+    print(f"{'kind':>5} {'B':>3} {'ctx':>6} {'tile':>5} {'segs':>5} {'us':>8} {'err':>9}")
     for r in rows:
         mark = " <- rule" if r["rule"] else ""
-        print(f"{r['kind']:>5} {r['merge']:>5} {r['batch']:>3} {r['ctx']:>6} {r['tile']:>5} {r['segments']:>5} {r['us']:>8.2f} "
+        print(f"{r['kind']:>5} {r['batch']:>3} {r['ctx']:>6} {r['tile']:>5} {r['segments']:>5} {r['us']:>8.2f} "
               f"{r['err']:>9.2e}{mark}")
         ok &= r["err"] < 2e-2
-    for key in sorted({(r["kind"], r["merge"], r["batch"]) for r in rows}):
-        case = [r for r in rows if (r["kind"], r["merge"], r["batch"]) == key]
+    for key in sorted({(r["kind"], r["batch"]) for r in rows}):
+        case = [r for r in rows if (r["kind"], r["batch"]) == key]
         best, rule = min(case, key=lambda r: r["us"]), next((r for r in case if r["rule"]), None)
         told = f"rule tile {rule['tile']} x {rule['segments']} segs {rule['us']:.2f} us" if rule else "rule not swept"
-        print(f"{key[0]} merge {key[1]} B={key[2]}: best tile {best['tile']} x {best['segments']} segs {best['us']:.2f} us; {told}")
+        print(f"{key[0]} B={key[1]}: best tile {best['tile']} x {best['segments']} segs {best['us']:.2f} us; {told}")
     return ok
 
 
@@ -85,21 +81,12 @@ def main(argv=None) -> int:
     p.add_argument("--batches", type=int, nargs="+", default=[1, 4])
     p.add_argument("--ctx", type=int, default=8192)
     p.add_argument("--fmt", default="fp8")
-    p.add_argument("--merge", type=int, nargs="+", choices=(0, 1), default=[attention.MERGE_SEGMENTS],
-                   help="kernels.attention.MERGE_SEGMENTS values (default: the runtime's)")
     args = p.parse_args(argv)
     sh = kg.TINY if args.tiny else kg.Shapes()
     dev = torch.device("cpu" if args.tiny else "cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
     ctx = min(args.ctx, max(sh.contexts)) if args.tiny else args.ctx
-    default, rows = attention.MERGE_SEGMENTS, []
-    try:
-        for merge in args.merge:
-            attention.MERGE_SEGMENTS = merge
-            rows += [r for b in args.batches for sparse in (True, False)
-                     for r in sweep(sh, args.fmt, b, ctx, sparse, dev, gen)]
-    finally:
-        attention.MERGE_SEGMENTS = default
+    rows = [r for b in args.batches for sparse in (True, False) for r in sweep(sh, args.fmt, b, ctx, sparse, dev, gen)]
     ok = print_rows(rows)
     print("every output within 2e-2 of the rule's" if ok else "SOME OUTPUT DIFFERS from the rule's")
     return 0 if ok else 1

@@ -202,10 +202,6 @@ class OpsSet(Enum):
     SPLIT = "skinny-pdl-side-whole-split"  # skinny-pdl-side-whole + the routed experts splitting K at one token
     #                                        (kernels.moe.ROUTED_SPLIT_TOKENS 1): the runtime's default since
     #                                        2026-12-06; every other set runs them unsplit (0), as timed before
-    MERGE = "skinny-pdl-side-whole-split-merge"  # ... + the attention's split-KV merged by its last segment program,
-    #                                              no reduce launch (kernels.attention.MERGE_SEGMENTS 1; off)
-    TOPK = "skinny-pdl-side-whole-split-merge-topk"  # ... + the MSA top-k selected by the last block-scores program,
-    #                                                  no topk launch (kernels.msa_index.FUSE_TOPK 1; off)
 
     @classmethod
     def runtime(cls) -> "OpsSet":
@@ -238,21 +234,19 @@ def beside_of(ops: OpsSet):
 @contextmanager
 def pdl_mode(mode=None):
     """Inside: the process-wide PDL switch (kernels.backend.PDL) set to `mode` (None: left as it is, though set_ops
-    may change it); restored after, with the routed experts' split (kernels.moe.ROUTED_SPLIT_TOKENS), the attention's
-    merge and the MSA top-k (kernels.attention.MERGE_SEGMENTS, kernels.msa_index.FUSE_TOPK) set_ops may change too."""
+    may change it); restored after, with the routed experts' split (kernels.moe.ROUTED_SPLIT_TOKENS) set_ops may
+    change too."""
     from m3bench.runtime.kernels.backend import PDL
 
-    from m3bench.runtime.kernels import attention, moe, msa_index
+    from m3bench.runtime.kernels import moe
 
     before, split = PDL["launch"], moe.ROUTED_SPLIT_TOKENS
-    merge, topk = attention.MERGE_SEGMENTS, msa_index.FUSE_TOPK
     if mode is not None:
         PDL["launch"] = mode
     try:
         yield
     finally:
         PDL["launch"], moe.ROUTED_SPLIT_TOKENS = before, split
-        attention.MERGE_SEGMENTS, msa_index.FUSE_TOPK = merge, topk
 
 
 def set_ops(model, ops: OpsSet) -> None:
@@ -260,11 +254,8 @@ def set_ops(model, ops: OpsSet) -> None:
     fuse_router / fuse_shared / fuse_align / fuse_router_input / shared_beside, Attention.fuse_branches /
     fuse_qkv_heads / index_beside, GatedMLP.fuse_act,
     the layers' skinny_rows) and the process to its PDL mode and routed-expert split (kernels.backend.PDL,
-    kernels.moe.ROUTED_SPLIT_TOKENS, kernels.attention.MERGE_SEGMENTS, kernels.msa_index.FUSE_TOPK; pdl_mode()
-    restores them)."""
-    from m3bench.runtime.kernels import attention as attention_kernels
+    kernels.moe.ROUTED_SPLIT_TOKENS; pdl_mode() restores both)."""
     from m3bench.runtime.kernels import moe as moe_kernels
-    from m3bench.runtime.kernels import msa_index
     from m3bench.runtime.kernels.backend import PDL
     from m3bench.runtime.kernels.skinny import SKINNY_MAX_ROWS
     from m3bench.runtime.layers.linear import set_skinny_rows
@@ -272,9 +263,7 @@ def set_ops(model, ops: OpsSet) -> None:
 
     fused, fused_v1 = ops.holds(OpsSet.FUSED), ops.holds(OpsSet.FUSED_V1)
     PDL["launch"] = pdl_of(ops)
-    moe_kernels.ROUTED_SPLIT_TOKENS = 1 if ops in (OpsSet.SPLIT, OpsSet.MERGE, OpsSet.TOPK) else 0
-    attention_kernels.MERGE_SEGMENTS = 1 if ops in (OpsSet.MERGE, OpsSet.TOPK) else 0
-    msa_index.FUSE_TOPK = 1 if ops is OpsSet.TOPK else 0
+    moe_kernels.ROUTED_SPLIT_TOKENS = 1 if ops is OpsSet.SPLIT else 0
     if hasattr(model.backend, "fuse_ops"):
         model.backend.fuse_ops = fused_v1
     set_skinny_rows(model, SKINNY_MAX_ROWS if ops.holds(OpsSet.SKINNY) else 0)

@@ -239,15 +239,14 @@ def test_component_checks_return_their_rows_on_cpu(ds):
 
 def test_the_runtime_ops_set_is_what_the_runtime_does_by_default(fl, rt):
     """OpsSet.runtime() (decode_step's and decode_marginal's default) switches nothing a freshly built rank model and
-    the process do not already do: every layer switch, PDL mode, routed-expert split and fused tail as built."""
-    from m3bench.runtime.kernels import attention, backend, moe, msa_index
+    the process do not already do: every layer switch, PDL mode and routed-expert split as built."""
+    from m3bench.runtime.kernels import backend, moe
 
     _, setup = rt
     s = fl.TINY_RANK
 
     def switches(model) -> list:
-        flags = [backend.PDL["launch"], moe.ROUTED_SPLIT_TOKENS, attention.MERGE_SEGMENTS, msa_index.FUSE_TOPK,
-                 getattr(model.backend, "fuse_ops", None)]
+        flags = [backend.PDL["launch"], moe.ROUTED_SPLIT_TOKENS, getattr(model.backend, "fuse_ops", None)]
         for layer in model.layers:
             parts = (layer.attn, layer.mlp, getattr(layer.mlp, "shared", None))
             names = ("fuse_branches", "fuse_qkv_heads", "index_beside", "fuse_act", "fuse_router", "fuse_shared",
@@ -267,7 +266,7 @@ def test_the_runtime_ops_set_is_what_the_runtime_does_by_default(fl, rt):
 
 
 def test_pdl_ops_sets_switch_the_process_and_are_restored(fl, rt):
-    from m3bench.runtime.kernels import attention, moe, msa_index
+    from m3bench.runtime.kernels import moe
     from m3bench.runtime.kernels.backend import PDL, Pdl
 
     _, setup = rt
@@ -290,15 +289,8 @@ def test_pdl_ops_sets_switch_the_process_and_are_restored(fl, rt):
         assert moe.ROUTED_SPLIT_TOKENS == 0
         setup.set_ops(model, setup.OpsSet.SPLIT)
         assert moe.ROUTED_SPLIT_TOKENS == 1
-        setup.set_ops(model, setup.OpsSet.MERGE)
-        assert attention.MERGE_SEGMENTS == 1 and msa_index.FUSE_TOPK == 0 and moe.ROUTED_SPLIT_TOKENS == 1
-        setup.set_ops(model, setup.OpsSet.TOPK)
-        assert attention.MERGE_SEGMENTS == 1 and msa_index.FUSE_TOPK == 1
         setup.set_ops(model, setup.OpsSet.SKINNY_PDL_SIDE_WHOLE)  # left unsplit: the exit restores the split
-        assert attention.MERGE_SEGMENTS == 0 and msa_index.FUSE_TOPK == 0
-        setup.set_ops(model, setup.OpsSet.TOPK)
     assert PDL["launch"] is before and moe.ROUTED_SPLIT_TOKENS == 1  # the runtime's default, restored
-    assert attention.MERGE_SEGMENTS == 0 and msa_index.FUSE_TOPK == 0
 
 
 def test_cpu_smoke_times_pdl_sets_and_checks_under_the_chosen_mode(ds, tmp_path, monkeypatch):

@@ -40,8 +40,6 @@ TILE_BY_PROGRAMS = {False: ((16, 128), (4, 64)), True: ((64, 128), (32, 64))}  #
 #   before splitting: fewer programs split the keys over more segments, and shorter steps win there. Measured on
 #   the H200 (performance.md 2d): whole pages 0.78-0.92x the 64-key step's time from 16 programs (dense) / 64
 #   (MSA), 32 keys 0.9-0.97x at 1 program; 32 keys otherwise
-MERGE_SEGMENTS = 0  # 1: the last segment program to finish merges a split in the attention launch (no reduce
-#                    launch); 0: reduce_kernel merges (the default until timed on the GPU)
 FEW_PROGRAMS = 4  # at most this many programs before splitting (decode at batch 1-4 with one KV head a rank):
 FEW_TILE = {False: 64, True: 128}  # keys a step (dense | sparse), and one step a segment. H200, 8k, FP8 KV
 #   (benchmarks/attn_segments.py, performance.md 2f), us with the merge: MSA B1 9.20 (32 keys x 16 segments, 4 steps
@@ -129,7 +127,6 @@ def _launch_attention(q, k_cache, v_cache, block_tables, seq_lens, qsl, scale, s
         paged_attn_kernel,
         reduce_kernel,
     )
-    from m3bench.runtime.kernels.mx_linear import COUNTERS, split_counters
 
     fmt = kv_format_of(k_cache)
     if kv_format_of(v_cache) is not fmt:
@@ -145,22 +142,21 @@ def _launch_attention(q, k_cache, v_cache, block_tables, seq_lens, qsl, scale, s
     sel_t = sel if sel is not None else block_tables
     sel_strides = (sel.stride(0), sel.stride(1)) if sel is not None else (0, 0)
     grid = (block_tables.shape[0] * launch.n_qblk, hkv, n_seg)
-    merge = n_seg > 1 and MERGE_SEGMENTS > 0 and grid[0] * hkv <= COUNTERS
     paged_attn_kernel[grid](
-        q, out, part_o, part_lse, split_counters(q.device) if merge else part_lse, kd, ks, kgs, vd, vs, vgs,
+        q, out, part_o, part_lse, kd, ks, kgs, vd, vs, vgs,
         block_tables, seq_lens, qsl, sel_t, scale * math.log2(math.e), launch.n_qblk, n_seg,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         *kd.stride()[:3], *scale_row_strides(k_cache), *vd.stride()[:3], *scale_row_strides(v_cache),
         block_tables.stride(0), *sel_strides,
         HQ=hq, G=hq // hkv, D=d, PAGE=page, TILE=launch.tile, BLOCK_M=launch.block_m,
-        BLOCK_Q=launch.block_q, SPLIT=n_seg > 1, MERGE=merge, SEG_P2=next_pow2(n_seg) if merge else 1,
+        BLOCK_Q=launch.block_q, SPLIT=n_seg > 1,
         TOPK=sel.shape[-1] if sel is not None else 1, SPARSE=sel is not None,
         FMT=FMT_CODE[fmt], F32=q.dtype == torch.float32 or interpreting(), ASM=fmt is KVFormat.NVFP4 and nvfp4_asm(q),
         num_warps=4,
         num_stages=3,
         **pdl_args(q),
     )
-    if n_seg > 1 and not merge:
+    if n_seg > 1:
         reduce_kernel[(n_tok, hq)](
             part_o, part_lse, out, qsl, block_tables.shape[0], out.stride(0), out.stride(1),
             HQ=hq, D=d, N_SEG=n_seg, num_warps=4, **pdl_args(q),

@@ -6,8 +6,7 @@ r % G), so each K/V tile is read once per KV head and tl.dot has M >= 16. Keys c
 of TILE tokens, each looking up its page in the block table. Dense mode walks the request's
 keys 0..max position; sparse mode (BLOCK_Q = 1) walks the TOPK selected blocks of its token.
 With SPLIT (n_seg > 1) each program writes a normalized partial output and its log2-sum-exp, and
-`reduce_kernel` merges the segments, or (MERGE) the last of a tile's n_seg programs to finish merges them in the
-same launch (a split counter per (program, KV head), mx_tiles_triton.last_split, reset by that program). Lengths are read on the device only. NVFP4 scale strides
+`reduce_kernel` merges the segments. Lengths are read on the device only. NVFP4 scale strides
 (s_ksp.., s_vsp..) count rows of D/16 scales (backend.scale_row_strides).
 """
 
@@ -15,7 +14,6 @@ import triton
 import triton.language as tl
 
 from m3bench.runtime.kernels.kv_tiles_triton import dot_parts, kv_tile_factor, load_kv_parts, load_query, mma
-from m3bench.runtime.kernels.mx_tiles_triton import last_split
 from m3bench.runtime.kernels.pdl_triton import pdl_wait
 
 NEG_BIG = tl.constexpr(-1.0e30)
@@ -34,7 +32,7 @@ def _tile_start(it, sel_ptr, seq_len, SPARSE: tl.constexpr, SUB: tl.constexpr, P
 
 @triton.jit(do_not_specialize=["n_qblk", "n_seg"])
 def paged_attn_kernel(
-    q_ptr, o_ptr, part_o_ptr, part_lse_ptr, cnt_ptr,
+    q_ptr, o_ptr, part_o_ptr, part_lse_ptr,
     k_ptr, ks_ptr, kgs_ptr, v_ptr, vs_ptr, vgs_ptr,
     bt_ptr, seq_lens_ptr, qsl_ptr, sel_ptr, sm_scale_log2, n_qblk, n_seg,
     s_qt, s_qh, s_ot, s_oh,
@@ -42,7 +40,7 @@ def paged_attn_kernel(
     s_vp, s_vh, s_vt, s_vsp, s_vsh, s_vst,
     s_bt, s_selt, s_selh,
     HQ: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, TILE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, SPLIT: tl.constexpr, MERGE: tl.constexpr, SEG_P2: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, SPLIT: tl.constexpr,
     TOPK: tl.constexpr, SPARSE: tl.constexpr, FMT: tl.constexpr, F32: tl.constexpr, ASM: tl.constexpr,
     PDL: tl.constexpr,
 ):
@@ -123,34 +121,6 @@ def paged_attn_kernel(
         tl.store(part_o_ptr + prow[:, None] * D + cols[None, :], o, mask=row_ok[:, None])
         lse = tl.where(l_i > 0, m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
         tl.store(part_lse_ptr + prow, lse, mask=row_ok)
-        if MERGE:
-            tile = pid * tl.num_programs(1) + h
-            if last_split(cnt_ptr, tile, n_seg):
-                tl.store(cnt_ptr + tile, 0)  # left zero for the next launch
-                _merge_segments(part_o_ptr, part_lse_ptr, o_ptr, (tok * HQ + head) * n_seg, n_seg,
-                                tok[:, None] * s_ot + head[:, None] * s_oh + cols[None, :], row_ok, D, SEG_P2)
-
-
-@triton.jit
-def _merge_segments(part_o_ptr, part_lse_ptr, o_ptr, prow0, n_seg, o_off, row_ok, D: tl.constexpr,
-                    SEG_P2: tl.constexpr):
-    """o[row] = sum_s 2^(lse_s - max) o_s / sum_s 2^(lse_s - max) over the n_seg (<= SEG_P2) partials of each row
-    (prow0: a row's first partial), in segment order; the partials read past L1 (other programs stored them)."""
-    segs = tl.arange(0, SEG_P2)
-    cols = tl.arange(0, D)
-    lse = tl.load(part_lse_ptr + prow0[:, None] + segs[None, :], mask=row_ok[:, None] & (segs[None, :] < n_seg),
-                  other=float("-inf"), cache_modifier=".cg")
-    top = tl.max(lse, axis=1)
-    w = tl.exp2(lse - tl.where(top == float("-inf"), 0.0, top)[:, None])
-    total = tl.sum(w, axis=1)
-    acc = tl.zeros([prow0.shape[0], D], tl.float32)
-    for s in range(n_seg):
-        w_s = tl.sum(tl.where(segs[None, :] == s, w, 0.0), axis=1)
-        part = tl.load(part_o_ptr + (prow0 + s)[:, None] * D + cols[None, :], mask=row_ok[:, None], other=0.0,
-                       cache_modifier=".cg")
-        acc += w_s[:, None] * part
-    o = acc / tl.where(total > 0, total, 1.0)[:, None]
-    tl.store(o_ptr + o_off, o.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
 @triton.jit(do_not_specialize=["n_req"])

@@ -40,8 +40,6 @@ NVFP4_DECODE_MAX_REGS = None  # a register cap for the NVFP4 scores kernel at de
 #                               B32 (benchmarks/msa_index_variants.py, 2026-12-03): unbounded 42.1 / 131.5 us at
 #                               32k / 128k, capped at 96 (5 programs an SM) 45.9 / 138.6, at 88 45.2 / 142.2
 RANK_BLOCKS = 128  # rows of at most this many valid blocks are selected by rank (an [n, n] compare tile)
-FUSE_TOPK = 0  # 1: at decode rows (<= WHOLE_PAGE_ROWS a program) the last scores program of a query block selects
-#                its rows' top-k in the scores launch (no topk launch); 0: topk_kernel (the default until timed)
 
 
 def msa_select_blocks(
@@ -70,52 +68,35 @@ def msa_select_blocks(
     if out is None:
         out = torch.empty((n_tok, hi, topk), dtype=torch.int32, device=iq.device)
     scores = torch.empty((n_tok, hi, block_tables.shape[1]), dtype=torch.float32, device=iq.device)
-    fused = _launch_scores(iq, ik_cache, block_tables, seq_lens, query_start_loc, init_blocks,
-                           scores, max(1, max_query_len), num_segments, out, topk)
-    if not fused:
-        select_top_blocks(scores, out, ik_cache.shape[1], seq_lens, query_start_loc, topk, max(1, max_query_len),
-                          topk_warps)
+    _launch_scores(iq, ik_cache, block_tables, seq_lens, query_start_loc, init_blocks,
+                   scores, max(1, max_query_len), num_segments)
+    select_top_blocks(scores, out, ik_cache.shape[1], seq_lens, query_start_loc, topk, max(1, max_query_len),
+                      topk_warps)
     return out
 
 
-def _launch_scores(iq, ik_cache, block_tables, seq_lens, qsl, init_blocks, scores, max_q, n_seg, out, topk) -> bool:
-    """The block scores launch; True when it also selected the top-k into out (FUSE_TOPK at decode rows)."""
+def _launch_scores(iq, ik_cache, block_tables, seq_lens, qsl, init_blocks, scores, max_q, n_seg):
     from m3bench.runtime.kernels.msa_index_triton import block_scores_kernel
-    from m3bench.runtime.kernels.mx_linear import COUNTERS, split_counters
 
     n_req, (_, hi, d), page = block_tables.shape[0], iq.shape, ik_cache.shape[1]
     data, sc, gs = cache_kernel_args(ik_cache)
     block_m = min(128, max(16, next_pow2(hi * max_q), next_pow2(hi)))
     block_q = block_m // hi
     n_qblk = math.ceil(max_q / block_q)
-    fuse = FUSE_TOPK > 0 and block_m <= WHOLE_PAGE_ROWS and n_req * n_qblk <= COUNTERS
     if n_seg is None:
         n_seg = min(MAX_SEGMENTS, block_tables.shape[1],
                     max(1, WAVES_PER_TARGET * target_programs(iq) // (n_req * n_qblk)))
     tile = min(page, 128 if block_m <= WHOLE_PAGE_ROWS else 64)  # whole pages: 1.4x faster than 64 keys at
     #                                                            decode on the H200 (B32, 32k-128k, FP8 / NVFP4 keys)
     block_scores_kernel[(n_req * n_qblk, n_seg)](
-        iq, data, sc, gs, scores, block_tables, seq_lens, qsl, out, split_counters(iq.device) if fuse else out,
-        n_qblk, n_seg, iq.stride(0), iq.stride(1), data.stride(0), data.stride(1), *scale_row_strides(ik_cache),
-        block_tables.stride(0), scores.stride(0), scores.stride(1), out.stride(0), out.stride(1),
+        iq, data, sc, gs, scores, block_tables, seq_lens, qsl, n_qblk, n_seg,
+        iq.stride(0), iq.stride(1), data.stride(0), data.stride(1), *scale_row_strides(ik_cache),
+        block_tables.stride(0), scores.stride(0), scores.stride(1),
         HI=hi, D=d, PAGE=page, TILE=tile, BLOCK_M=block_m, BLOCK_Q=block_q,
         INIT_BLOCKS=init_blocks, FMT=FMT_CODE[kv_format_of(ik_cache)],
         F32=iq.dtype == torch.float32 or interpreting(), ASM=kv_format_of(ik_cache) is KVFormat.NVFP4 and nvfp4_asm(iq),
-        FUSE_TOPK=fuse, **(_topk_consts(scores.shape[-1], topk) if fuse else _NO_TOPK),
         num_warps=4, num_stages=SCORE_STAGES, **_register_cap(kv_format_of(ik_cache), block_m), **pdl_args(iq),
     )
-    return fuse
-
-
-_NO_TOPK = {"TOPK": 1, "TOPK_P2": 1, "RANK_N": 1, "LONG": False, "CHUNK": 1, "ONE_CHUNK": True}
-
-
-def _topk_consts(width: int, topk: int) -> dict:
-    """The selection's constants for rows of `width` block scores (topk_kernel's, and the fused launch's)."""
-    rank_n = max(next_pow2(topk), min(RANK_BLOCKS, next_pow2(width)))
-    chunk = min(MAX_TOPK_CHUNK, max(16, next_pow2(width)))
-    return {"TOPK": topk, "TOPK_P2": next_pow2(topk), "RANK_N": rank_n, "LONG": width > rank_n, "CHUNK": chunk,
-            "ONE_CHUNK": chunk >= width}
 
 
 def _register_cap(fmt: KVFormat, block_m: int) -> dict:
@@ -132,11 +113,13 @@ def select_top_blocks(scores: torch.Tensor, out: torch.Tensor, page: int, seq_le
     from m3bench.runtime.kernels.msa_index_triton import topk_kernel
 
     n_req, hi, width = seq_lens.shape[0], scores.shape[1], scores.shape[-1]
-    consts = _topk_consts(width, topk)
+    rank_n = max(next_pow2(topk), min(RANK_BLOCKS, next_pow2(width)))
+    chunk = min(MAX_TOPK_CHUNK, max(16, next_pow2(width)))
     topk_kernel[(n_req * max_q, hi)](
         scores, out, seq_lens, qsl, max_q,
         scores.stride(0), scores.stride(1), out.stride(0), out.stride(1),
-        PAGE=page, **consts, num_warps=num_warps or topk_warps_for(width, consts["RANK_N"]), **pdl_args(scores),
+        PAGE=page, TOPK=topk, TOPK_P2=next_pow2(topk), RANK_N=rank_n, LONG=width > rank_n, CHUNK=chunk,
+        ONE_CHUNK=chunk >= width, num_warps=num_warps or topk_warps_for(width, rank_n), **pdl_args(scores),
     )
 
 

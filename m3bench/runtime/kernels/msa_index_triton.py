@@ -11,8 +11,6 @@ ones). Rows of at most RANK_N valid blocks (8k context: 64) are ranked in one pa
 is the count of blocks before it, from one [N, N] compare tile; rank r < TOPK lands in slot r), with
 no sequential rounds; longer rows take TOPK rounds of one max over packed int64 (score, block) keys
 (topk_keys_triton), the row in registers up to CHUNK blocks, else re-read chunk by chunk.
-With FUSE_TOPK the last of a query block's n_seg scores programs to finish (a split counter per query block,
-mx_tiles_triton.last_split, reset by that program) selects its rows' top-k itself, row by row (no topk launch).
 NVFP4 scale strides (s_ksp, s_kst) count rows of D/16 scales (backend.scale_row_strides).
 """
 
@@ -26,7 +24,6 @@ from m3bench.runtime.kernels.kv_tiles_triton import (
     load_kv_parts,
     load_query,
 )
-from m3bench.runtime.kernels.mx_tiles_triton import last_split
 from m3bench.runtime.kernels.pdl_triton import pdl_wait
 from m3bench.runtime.kernels.topk_keys_triton import MAX_KEY, NO_KEY, key_index, ordered_key
 
@@ -36,12 +33,11 @@ NO_BLOCK = tl.constexpr(2147483647)
 
 @triton.jit(do_not_specialize=["n_qblk", "n_seg"])
 def block_scores_kernel(
-    iq_ptr, ik_ptr, iks_ptr, ikgs_ptr, scores_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, sel_ptr, cnt_ptr, n_qblk, n_seg,
-    s_qt, s_qh, s_kp, s_kt, s_ksp, s_kst, s_bt, s_st, s_sh, s_ot, s_oh,
+    iq_ptr, ik_ptr, iks_ptr, ikgs_ptr, scores_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, n_qblk, n_seg,
+    s_qt, s_qh, s_kp, s_kt, s_ksp, s_kst, s_bt, s_st, s_sh,
     HI: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, TILE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, INIT_BLOCKS: tl.constexpr, FMT: tl.constexpr, F32: tl.constexpr,
-    ASM: tl.constexpr, FUSE_TOPK: tl.constexpr, TOPK: tl.constexpr, TOPK_P2: tl.constexpr, RANK_N: tl.constexpr,
-    LONG: tl.constexpr, CHUNK: tl.constexpr, ONE_CHUNK: tl.constexpr, PDL: tl.constexpr,
+    ASM: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
     pid = tl.program_id(0)
@@ -71,15 +67,6 @@ def block_scores_kernel(
     _score_blocks(blk_lo, blk_hi, ik_ptr, iks_ptr, bt_ptr + b * s_bt, s_kp, s_kt, s_ksp, s_kst, iq_a, iq_b, gs,
                   scores_ptr + tok * s_st + head * s_sh, row_ok, pos // PAGE, PAGE, TILE, INIT_BLOCKS, FMT, F32,
                   D, ASM)
-    if FUSE_TOPK:
-        if last_split(cnt_ptr, pid, n_seg):
-            tl.store(cnt_ptr + pid, 0)  # left zero for the next launch
-            for r in range(BLOCK_Q * HI):  # the query block's (token, head) rows
-                t_r = qb * BLOCK_Q + r // HI
-                if t_r < q_len:
-                    tok_r = (q_start + t_r).to(tl.int64)
-                    _select_row(scores_ptr + tok_r * s_st + (r % HI) * s_sh, sel_ptr + tok_r * s_ot + (r % HI) * s_oh,
-                                (seq_len - q_len + t_r) // PAGE + 1, TOPK, TOPK_P2, RANK_N, LONG, CHUNK, ONE_CHUNK)
 
 
 @triton.jit
@@ -137,15 +124,8 @@ def topk_kernel(
         return
     tok = (q_start + t).to(tl.int64)
     n_valid = (tl.load(seq_lens_ptr + b) - q_len + t) // PAGE + 1
-    _select_row(scores_ptr + tok * s_st + head * s_sh, out_ptr + tok * s_ot + head * s_oh, n_valid, TOPK, TOPK_P2,
-                RANK_N, LONG, CHUNK, ONE_CHUNK)
-
-
-@triton.jit
-def _select_row(row, out_row, n_valid, TOPK: tl.constexpr, TOPK_P2: tl.constexpr, RANK_N: tl.constexpr,
-                LONG: tl.constexpr, CHUNK: tl.constexpr, ONE_CHUNK: tl.constexpr):
-    """The TOPK best of a row's n_valid blocks into out_row: by rank up to RANK_N blocks, else (LONG) by rounds.
-    The scores are read past L1 (.cg): in the fused launch other programs stored them."""
+    row = scores_ptr + tok * s_st + head * s_sh
+    out_row = out_ptr + tok * s_ot + head * s_oh
     if LONG:
         if n_valid <= RANK_N:
             _select_by_rank(row, out_row, n_valid, TOPK, RANK_N)
@@ -166,8 +146,8 @@ def _select_by_rank(row, out_row, n_valid, TOPK: tl.constexpr, N: tl.constexpr):
     j = tl.arange(0, N)[:, None]
     i = tl.arange(0, N)[None, :]
     tl.store(out_row + i, -1, mask=i < TOPK)
-    vj = tl.load(row + j, mask=j < n_valid, other=float("nan"), cache_modifier=".cg")
-    vi = tl.load(row + i, mask=i < n_valid, other=float("nan"), cache_modifier=".cg")
+    vj = tl.load(row + j, mask=j < n_valid, other=float("nan"))
+    vi = tl.load(row + i, mask=i < n_valid, other=float("nan"))
     before = (vj > vi) | ((vj == vi) & (j < i))
     rank = tl.sum(before.to(tl.int32), axis=0, keep_dims=True)
     tl.debug_barrier()  # the -1 stores land before the picks that overwrite some of them
@@ -182,8 +162,7 @@ def _select_by_rounds(row, out_row, n_valid, TOPK: tl.constexpr, TOPK_P2: tl.con
     slots = tl.arange(0, TOPK_P2)
     ids = tl.full([TOPK_P2], -1, tl.int32)
     idx0 = tl.arange(0, CHUNK)
-    keys = ordered_key(tl.load(row + idx0, mask=idx0 < n_valid, other=float("nan"), cache_modifier=".cg"), idx0,
-                       idx0 < n_valid)
+    keys = ordered_key(tl.load(row + idx0, mask=idx0 < n_valid, other=float("nan")), idx0, idx0 < n_valid)
     prev = tl.full([], MAX_KEY, tl.int64)
     for k in range(TOPK):
         if ONE_CHUNK:
@@ -201,7 +180,6 @@ def _next_key(row, n_valid, prev, CHUNK: tl.constexpr):
     best = tl.full([], NO_KEY, tl.int64)
     for c in range(tl.cdiv(n_valid, CHUNK)):
         idx = c * CHUNK + tl.arange(0, CHUNK)
-        keys = ordered_key(tl.load(row + idx, mask=idx < n_valid, other=float("nan"), cache_modifier=".cg"), idx,
-                           idx < n_valid)
+        keys = ordered_key(tl.load(row + idx, mask=idx < n_valid, other=float("nan")), idx, idx < n_valid)
         best = tl.maximum(best, tl.max(tl.where(keys < prev, keys, NO_KEY), axis=0))
     return best

@@ -103,30 +103,6 @@ def compile_launch(fn, args, kwargs):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
-def record_merged_attention(q, cache, bt, lens, qsl, sel, q_len):
-    """The attention with its split merged in the launch (kernels.attention.MERGE_SEGMENTS), dense and MSA."""
-    from m3bench.runtime.kernels import attention
-
-    attention.MERGE_SEGMENTS = 1
-    try:
-        for s in (None, sel):
-            paged_attention(q, cache, cache, bt, lens, qsl, 0.088, selected_blocks=s, max_query_len=q_len,
-                            backend=KernelBackend.TRITON, num_segments=4)
-    finally:
-        attention.MERGE_SEGMENTS = 0
-
-
-def record_fused_topk(iq, ik, bt, lens, qsl, q_len):
-    """The MSA block scores with the top-k selected in their launch (kernels.msa_index.FUSE_TOPK; decode rows)."""
-    from m3bench.runtime.kernels import msa_index
-
-    msa_index.FUSE_TOPK = 1
-    try:
-        msa_select_blocks(iq, ik, bt, lens, qsl, 16, max_query_len=q_len, backend=KernelBackend.TRITON)
-    finally:
-        msa_index.FUSE_TOPK = 0
-
-
 def record_all(q_lens):
     for mod in KERNEL_MODULES:
         for name in dir(mod):
@@ -147,7 +123,6 @@ def record_all(q_lens):
             paged_attention(q, cache, cache, bt, lens, qsl, 0.088, max_query_len=q_len, backend=T)
             paged_attention(q, cache, cache, bt, lens, qsl, 0.088, selected_blocks=sel,
                             max_query_len=q_len, backend=T)
-            record_merged_attention(q, cache, bt, lens, qsl, sel, q_len)
         for cache in caches.values():
             write_pages(cache, q[:, :1], torch.arange(4 * q_len), backend=T)
         write_pages(x[:, 0].to(torch.bfloat16), q[:, 0], torch.arange(4 * q_len), backend=T)
@@ -155,7 +130,6 @@ def record_all(q_lens):
         nvfp4_ik = kq.Nvfp4Pages(*kq.quantize_nvfp4(x[:, 0], 1.0), torch.ones(1))
         for ik in (x[:, 0].to(torch.bfloat16), kq.quantize_fp8(x[:, 0]), nvfp4_ik):
             msa_select_blocks(iq, ik, bt, lens, qsl, 16, max_query_len=q_len, backend=T)
-            record_fused_topk(iq, ik, bt, lens, qsl, q_len)
         record_nvfp4_asm(q, iq, caches["nvfp4"], nvfp4_ik, bt, lens, qsl, sel, q_len)
     for n_tok in (1, 64):
         xs = torch.randn(n_tok, 6144).to(torch.bfloat16)

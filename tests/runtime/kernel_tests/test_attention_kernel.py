@@ -142,37 +142,3 @@ def test_few_programs_take_one_key_step_a_segment(batch, sparse, tile, segments)
     sel = torch.zeros(batch, 1, 16, dtype=torch.int32) if sparse else None
     launch = plan_attention(q, cache, tables, 1, sel, None, None)
     assert (launch.tile, launch.n_seg) == (tile, segments)
-
-
-@pytest.mark.parametrize("fmt", list(kq.KVFormat))
-@pytest.mark.parametrize("sparse", [False, True])
-def test_segments_merged_in_the_attention_launch(monkeypatch, fmt, sparse):
-    """MERGE_SEGMENTS: the last of a tile's segment programs merges the split (no reduce launch): against the fp64
-    reference, within fp32 rounding of the reduce kernel's merge; the split counters left zero; a second call the
-    same bits (it fails if the last program does not reset its counter)."""
-    from m3bench.runtime.kernels import attention, attention_triton
-    from m3bench.runtime.kernels.mx_linear import split_counters
-
-    launches = []
-
-    class Counting:
-        def __init__(self, name, kernel):
-            self.name, self.kernel = name, kernel
-
-        def __getitem__(self, grid):
-            launches.append(self.name)
-            return self.kernel[grid]
-
-    case = make_case(40 + sparse, q_lens=[1, 3], seq_lens=[300, 200], hq=8, hkv=2, d=64, page=32, fmt=fmt)
-    sel = _random_selection(case, topk=4, seed=41) if sparse else None
-    reduced, want = _run(case, sel=sel, num_segments=4, max_query_len=3)
-    monkeypatch.setattr(attention, "MERGE_SEGMENTS", 1)
-    for name in ("paged_attn_kernel", "reduce_kernel"):
-        monkeypatch.setattr(attention_triton, name, Counting(name, getattr(attention_triton, name)))
-    got, _ = _run(case, sel=sel, num_segments=4, max_query_len=3)
-    assert launches == ["paged_attn_kernel"]
-    assert not split_counters(case.q.device).any()
-    again, _ = _run(case, sel=sel, num_segments=4, max_query_len=3)
-    assert torch.equal(again, got)
-    assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
-    assert torch.allclose(got, reduced, atol=1e-6, rtol=1e-6)

@@ -14,16 +14,7 @@ def bench():
 def test_tiny_run_times_every_step_and_segment_count(bench, triton_interpreter, capsys):
     assert bench.main(["--tiny", "--batches", "1"]) == 0
     out = capsys.readouterr().out
-    assert "msa merge 0 B=1: best tile" in out and "dense merge 0 B=1: best tile" in out and "<- rule" in out
-
-
-def test_merge_rows_time_the_split_merged_in_the_launch_and_restore_the_default(bench, triton_interpreter, capsys):
-    from m3bench.runtime.kernels import attention
-
-    assert bench.main(["--tiny", "--batches", "1", "--merge", "0", "1"]) == 0
-    out = capsys.readouterr().out
-    assert "msa merge 1 B=1: best tile" in out and "msa merge 0 B=1: best tile" in out
-    assert attention.MERGE_SEGMENTS == 0
+    assert "msa B=1: best tile" in out and "dense B=1: best tile" in out and "<- rule" in out
 
 
 def test_an_output_off_the_rules_fails_the_run(bench, monkeypatch, triton_interpreter):
