@@ -200,13 +200,16 @@ class OpsSet(Enum):
     #                                        index_beside, up to 4 rows; off by default)
     HEADS_INDEX = "skinny-pdl-side-whole-heads-index"  # both: each lane's GEMM ending in its heads
     SPLIT = "skinny-pdl-side-whole-split"  # skinny-pdl-side-whole + the routed experts splitting K at one token
-    #                                        (kernels.moe.ROUTED_SPLIT_TOKENS 1): the runtime's default since
-    #                                        2026-12-06; every other set runs them unsplit (0), as timed before
+    #                                        (kernels.moe.ROUTED_SPLIT_TOKENS 1; every set before runs them unsplit,
+    #                                        0, as timed before), their down GEMM whole (ROUTED_SPLIT_DOWN 1)
+    DOWN2 = "skinny-pdl-side-whole-split-down2"  # ... their down GEMM's K in 2 chunks (ROUTED_SPLIT_DOWN 2): the
+    #                                              runtime's default since 2026-12-06 (performance.md 2j)
+    DOWN4 = "skinny-pdl-side-whole-split-down4"  # ... in 4 chunks
 
     @classmethod
     def runtime(cls) -> "OpsSet":
         """The set the runtime runs by default (every default switch as the runtime leaves it)."""
-        return cls.SPLIT
+        return cls.DOWN2
 
     def holds(self, other: "OpsSet") -> bool:
         order = list(OpsSet)
@@ -234,19 +237,19 @@ def beside_of(ops: OpsSet):
 @contextmanager
 def pdl_mode(mode=None):
     """Inside: the process-wide PDL switch (kernels.backend.PDL) set to `mode` (None: left as it is, though set_ops
-    may change it); restored after, with the routed experts' split (kernels.moe.ROUTED_SPLIT_TOKENS) set_ops may
-    change too."""
+    may change it); restored after, with the routed experts' split (kernels.moe.ROUTED_SPLIT_TOKENS, ROUTED_SPLIT_DOWN)
+    set_ops may change too."""
     from m3bench.runtime.kernels.backend import PDL
 
     from m3bench.runtime.kernels import moe
 
-    before, split = PDL["launch"], moe.ROUTED_SPLIT_TOKENS
+    before, split, down = PDL["launch"], moe.ROUTED_SPLIT_TOKENS, moe.ROUTED_SPLIT_DOWN
     if mode is not None:
         PDL["launch"] = mode
     try:
         yield
     finally:
-        PDL["launch"], moe.ROUTED_SPLIT_TOKENS = before, split
+        PDL["launch"], moe.ROUTED_SPLIT_TOKENS, moe.ROUTED_SPLIT_DOWN = before, split, down
 
 
 def set_ops(model, ops: OpsSet) -> None:
@@ -254,7 +257,7 @@ def set_ops(model, ops: OpsSet) -> None:
     fuse_router / fuse_shared / fuse_align / fuse_router_input / shared_beside, Attention.fuse_branches /
     fuse_qkv_heads / index_beside, GatedMLP.fuse_act,
     the layers' skinny_rows) and the process to its PDL mode and routed-expert split (kernels.backend.PDL,
-    kernels.moe.ROUTED_SPLIT_TOKENS; pdl_mode() restores both)."""
+    kernels.moe.ROUTED_SPLIT_TOKENS, ROUTED_SPLIT_DOWN; pdl_mode() restores them)."""
     from m3bench.runtime.kernels import moe as moe_kernels
     from m3bench.runtime.kernels.backend import PDL
     from m3bench.runtime.kernels.skinny import SKINNY_MAX_ROWS
@@ -263,7 +266,8 @@ def set_ops(model, ops: OpsSet) -> None:
 
     fused, fused_v1 = ops.holds(OpsSet.FUSED), ops.holds(OpsSet.FUSED_V1)
     PDL["launch"] = pdl_of(ops)
-    moe_kernels.ROUTED_SPLIT_TOKENS = 1 if ops is OpsSet.SPLIT else 0
+    moe_kernels.ROUTED_SPLIT_TOKENS = 1 if ops in (OpsSet.SPLIT, OpsSet.DOWN2, OpsSet.DOWN4) else 0
+    moe_kernels.ROUTED_SPLIT_DOWN = {OpsSet.DOWN2: 2, OpsSet.DOWN4: 4}.get(ops, 1)
     if hasattr(model.backend, "fuse_ops"):
         model.backend.fuse_ops = fused_v1
     set_skinny_rows(model, SKINNY_MAX_ROWS if ops.holds(OpsSet.SKINNY) else 0)

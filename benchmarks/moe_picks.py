@@ -9,7 +9,9 @@ one in ~33% (16 of 128 experts), so the 0- and 1-pick rows are what the realisti
 
 The rows bf16-split / mxfp8-split run the decode step's tiles (kernels.moe.first_generation_tiles at one token, 4
 pairs over 16 experts, the shared expert beside: routed_split_tiles / mx_split_tiles at ROUTED_SPLIT_TOKENS 1, the
-default), bf16 / mxfp8 the unsplit grid (moe_tiles / mx_moe_tiles, what ROUTED_SPLIT_TOKENS 0 runs); each call's picks name other experts than the call before (cold weights: 16 experts are 1.8 GB
+default, their down GEMM's K in ROUTED_SPLIT_DOWN chunks), -split-down1 / -down2 / -down4 the same with the down
+GEMM's K whole / in 2 / 4 chunks (those other than the rule's),
+bf16 / mxfp8 the unsplit grid (moe_tiles / mx_moe_tiles, what ROUTED_SPLIT_TOKENS 0 runs); each call's picks name other experts than the call before (cold weights: 16 experts are 1.8 GB
 in bf16). Times: all calls in one CUDA graph, replayed (kernels_gpu.time_us); floor: the picked experts' bytes at
 the device's copy rate (floor_bandwidth.py). Checked first against the fp32 reference at each pick count.
 """
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -88,7 +90,8 @@ def by_picks(x, fmts: list[Experts], sh: Shapes) -> int:
         unsplit = (mx_moe_tiles(sh.top_k, sh.n_local, sh.inter, sh.hidden) if ex.quantized
                    else moe_tiles(sh.top_k, sh.n_local, sh.inter, sh.hidden, 0, 1))
         rule = first_generation_tiles(1, sh.top_k, sh.n_local, sh.inter, sh.hidden, ex.quantized)
-        for label, tiles in ((ex.label, unsplit), (f"{ex.label}-split", rule)):
+        downs = [(f"{ex.label}-split-down{d}", replace(rule, split_down=d)) for d in (1, 2, 4) if d != rule.split_down]
+        for label, tiles in ((ex.label, unsplit), (f"{ex.label}-split", rule), *downs):
             for n_local in range(sh.top_k + 1):
                 us, floor_us, err = measure(x, ex, tiles, n_local, sh)
                 bad += err > 2e-2
@@ -98,13 +101,14 @@ def by_picks(x, fmts: list[Experts], sh: Shapes) -> int:
 
 
 def candidates(ex: Experts, sh: Shapes) -> list[tuple[str, MoeTiles]]:
-    """The rule's split tiles, then BLOCK_N 32 / 64 x BLOCK_K 64 / 128 (plain; quantized 128) x 1-8 K chunks x
-    down N tiles 16 / 32 / 64 (4 warps; 4 stages at BLOCK_K 64, else 3), the rule's own left out."""
+    """The rule's split tiles, with its down GEMM's K in 1 / 2 / 4 chunks, then BLOCK_N 32 / 64 x BLOCK_K 64 / 128
+    (plain; quantized 128) x 1-8 K chunks x down N tiles 16 / 32 / 64 with the rule's down chunks (4 warps; 4 stages
+    at BLOCK_K 64, else 3), the rule's own left out."""
     rule = first_generation_tiles(1, sh.top_k, sh.n_local, sh.inter, sh.hidden, ex.quantized)
-    out = [("rule", rule)]
+    out = [("rule", rule)] + [(f"rule down{d}", replace(rule, split_down=d)) for d in (1, 2, 4) if d != rule.split_down]
     for bn, bk, split, bn_down in itertools.product((32, 64), (128,) if ex.quantized else (64, 128), (1, 2, 4, 8),
                                                     (16, 32, 64)):
-        tiles = MoeTiles(16, bn, bk, 4, 4 if bk == 64 else 3, bn_down, split, split)
+        tiles = MoeTiles(16, bn, bk, 4, 4 if bk == 64 else 3, bn_down, split, split, rule.split_down)
         if sh.hidden % (split * bk) == 0 and tiles != rule:
             out.append((f"bn{bn} bk{bk} split{split} down{bn_down}", tiles))
     return out

@@ -22,6 +22,7 @@ Exit code: 0 all checks passed, 1 a check failed, 2 no GPU (without --tiny).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import sys
@@ -192,12 +193,12 @@ def run_checks(sh: Shapes, dev, gen) -> dict[str, float]:
 
 def decode_step_rows(layers_bf16: int, layers_mx: int, batches: tuple[int, ...], ctx: int, dev,
                      formats: tuple[str, ...] = ("plain", "mxfp8", "nvfp4-experts"),
-                     routed_splits: tuple[int, ...] = ()) -> list[dict]:
+                     routed_splits: tuple[int, ...] = (), routed_downs: tuple[int, ...] = ()) -> list[dict]:
     """Step ms of the TP8/EP8 rank model (decode_step.py's shapes) in bf16, MXFP8 (row- and block-major) and
     NVFP4-expert weights (the ModelOpt release's mix: NVFP4 routed experts, MXFP8 block-major elsewhere), packed
     and with the experts' codes held as e4m3 bytes (runtime.nv_codes); each batch under every
-    kernels.moe.ROUTED_SPLIT_TOKENS of `routed_splits` (default: the runtime's; a row's label names a value other
-    than the runtime's)."""
+    kernels.moe.ROUTED_SPLIT_TOKENS of `routed_splits` x ROUTED_SPLIT_DOWN of `routed_downs` (each default: the
+    runtime's; a row's label names the values other than the runtime's)."""
     from decode_floor import M3Shapes
     from decode_setup import decode_meta, fill_random_, graphed, hf_m3_config, median_ms, our_config
 
@@ -208,7 +209,7 @@ def decode_step_rows(layers_bf16: int, layers_mx: int, batches: tuple[int, ...],
     from m3bench.runtime.model import M3ForCausalLM
 
     s, rows = M3Shapes(), []
-    default_split = moe_kernels.ROUTED_SPLIT_TOKENS
+    default_split, default_down = moe_kernels.ROUTED_SPLIT_TOKENS, moe_kernels.ROUTED_SPLIT_DOWN
     for fmt, layers in ((LinearFormat.PLAIN, layers_bf16), (LinearFormat.MXFP8, layers_mx),
                         (LinearFormat.NVFP4_EXPERTS, layers_mx)):
         if fmt.value not in formats:
@@ -234,16 +235,19 @@ def decode_step_rows(layers_bf16: int, layers_mx: int, batches: tuple[int, ...],
                 set_mx_layout(model, layout)
             for b in batches:
                 meta, ids = decode_meta(s, b, ctx, dev), torch.randint(0, s.vocab, (b,), device=dev)
-                for split in routed_splits or (default_split,):
-                    moe_kernels.ROUTED_SPLIT_TOKENS = split
+                for split, down in itertools.product(routed_splits or (default_split,),
+                                                     routed_downs or (default_down,)):
+                    moe_kernels.ROUTED_SPLIT_TOKENS, moe_kernels.ROUTED_SPLIT_DOWN = split, down
                     try:
                         run, graph = graphed(lambda: model.compute_logits(model(ids, meta.positions, meta, kv)), dev)
                         ms = median_ms(run, dev, 3, 20)
                     finally:
-                        moe_kernels.ROUTED_SPLIT_TOKENS = default_split
-                    name = label + (f" split<={split}" if split != default_split else "")
+                        moe_kernels.ROUTED_SPLIT_TOKENS, moe_kernels.ROUTED_SPLIT_DOWN = default_split, default_down
+                    name = (label + (f" split<={split}" if split != default_split else "")
+                            + (f" down/{down}" if down != default_down else ""))
                     rows.append({"weights": name, "layers": layers, "batch": b, "context": ctx, "step_ms": ms,
-                                 "ms_per_layer": ms / layers, "cuda_graph": graph, "routed_split_tokens": split})
+                                 "ms_per_layer": ms / layers, "cuda_graph": graph, "routed_split_tokens": split,
+                                 "routed_split_down": down})
                     print(f"  {name:<18} {layers} layers B={b:<3} step {ms:8.3f} ms ({ms / layers:.3f} ms/layer)",
                           flush=True)
                     del run, graph
@@ -288,6 +292,9 @@ def parse_args(argv):
     ap.add_argument("--routed-split", type=int, nargs="+", default=[],
                     help="kernels.moe.ROUTED_SPLIT_TOKENS values the decode-step rows run under, side by side "
                          "(default: the runtime's)")
+    ap.add_argument("--routed-split-down", type=int, nargs="+", default=[],
+                    help="kernels.moe.ROUTED_SPLIT_DOWN values (K chunks of the one-token split tiles' down GEMM) the "
+                         "decode-step rows run under (default: the runtime's)")
     ap.add_argument("--context", type=int, default=8192)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--markdown", type=Path, default=None)
@@ -316,7 +323,8 @@ def main(argv=None) -> int:
     rows = [] if args.steps_only else kernel_rows(sh, dev, gen)
     steps = [] if args.kernels_only or args.tiny else decode_step_rows(args.bf16_layers, 60, (1, 16, 64),
                                                                        args.context, dev, tuple(args.step_formats),
-                                                                       tuple(args.routed_split))
+                                                                       tuple(args.routed_split),
+                                                                       tuple(args.routed_split_down))
     table = (markdown_table(rows) if rows else "") + ("\n\n" + step_table(steps) if steps else "")
     print(table)
     if args.markdown:

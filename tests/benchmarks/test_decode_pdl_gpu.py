@@ -37,7 +37,8 @@ WHOLE = "skinny-pdl-side-whole"  # the whole shared expert beside: its own round
 # at up to 4 rows, each its own rounding: the q|k|v GEMM ending in its heads' norm / RoPE / writes (other tiles), the
 # MSA index branch on the side lane (its GEMM apart from q|k|v: other splits), both
 FEW_ROWS = ("skinny-pdl-side-whole-heads", "skinny-pdl-side-whole-index", "skinny-pdl-side-whole-heads-index",
-            "skinny-pdl-side-whole-split")  # ... and the routed experts splitting K at one token (other sums)
+            "skinny-pdl-side-whole-split",  # ... and the routed experts splitting K at one token (other sums)
+            "skinny-pdl-side-whole-split-down2")  # ... their down GEMM's K too (the runtime's)
 
 
 @pytest.fixture(scope="module")

@@ -246,7 +246,8 @@ def test_the_runtime_ops_set_is_what_the_runtime_does_by_default(fl, rt):
     s = fl.TINY_RANK
 
     def switches(model) -> list:
-        flags = [backend.PDL["launch"], moe.ROUTED_SPLIT_TOKENS, getattr(model.backend, "fuse_ops", None)]
+        flags = [backend.PDL["launch"], moe.ROUTED_SPLIT_TOKENS, moe.ROUTED_SPLIT_DOWN,
+                 getattr(model.backend, "fuse_ops", None)]
         for layer in model.layers:
             parts = (layer.attn, layer.mlp, getattr(layer.mlp, "shared", None))
             names = ("fuse_branches", "fuse_qkv_heads", "index_beside", "fuse_act", "fuse_router", "fuse_shared",
@@ -261,8 +262,9 @@ def test_the_runtime_ops_set_is_what_the_runtime_does_by_default(fl, rt):
         built = switches(model)
         setup.set_ops(model, setup.OpsSet.runtime())
         assert switches(model) == built
-        setup.set_ops(model, setup.OpsSet.SKINNY_PDL_SIDE_WHOLE)  # the routed experts unsplit: it differs
-        assert switches(model) != built
+        for ops in (setup.OpsSet.SKINNY_PDL_SIDE_WHOLE, setup.OpsSet.SPLIT):  # routed experts unsplit, down whole
+            setup.set_ops(model, ops)
+            assert switches(model) != built
 
 
 def test_pdl_ops_sets_switch_the_process_and_are_restored(fl, rt):
@@ -288,9 +290,15 @@ def test_pdl_ops_sets_switch_the_process_and_are_restored(fl, rt):
         setup.set_ops(model, setup.OpsSet.SKINNY_PDL_SIDE_WHOLE)
         assert moe.ROUTED_SPLIT_TOKENS == 0
         setup.set_ops(model, setup.OpsSet.SPLIT)
-        assert moe.ROUTED_SPLIT_TOKENS == 1
+        assert moe.ROUTED_SPLIT_TOKENS == 1 and moe.ROUTED_SPLIT_DOWN == 1
+        setup.set_ops(model, setup.OpsSet.DOWN4)
+        assert moe.ROUTED_SPLIT_TOKENS == 1 and moe.ROUTED_SPLIT_DOWN == 4
+        setup.set_ops(model, setup.OpsSet.DOWN2)
+        assert moe.ROUTED_SPLIT_DOWN == 2
         setup.set_ops(model, setup.OpsSet.SKINNY_PDL_SIDE_WHOLE)  # left unsplit: the exit restores the split
-    assert PDL["launch"] is before and moe.ROUTED_SPLIT_TOKENS == 1  # the runtime's default, restored
+        assert moe.ROUTED_SPLIT_DOWN == 1
+    assert PDL["launch"] is before and moe.ROUTED_SPLIT_TOKENS == 1  # the runtime's defaults, restored
+    assert moe.ROUTED_SPLIT_DOWN == 2
 
 
 def test_cpu_smoke_times_pdl_sets_and_checks_under_the_chosen_mode(ds, tmp_path, monkeypatch):

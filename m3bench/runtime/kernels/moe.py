@@ -108,6 +108,8 @@ class MoeTiles:
     block_n_down: int = 0
     split_k: int = 1  # gate+up K-chunks of the shared expert (> 1: fp32 partials, the last chunk activates)
     split_k_routed: int = 1  # ... of a routed expert (divides split_k)
+    split_down: int = 1  # K-chunks of the down GEMM (> 1: fp32 partials a chunk, summed by the sum kernel; routed
+    #                      experts alone)
 
     @property
     def n_down(self) -> int:
@@ -122,6 +124,12 @@ SKINNY_TOKENS = 4  # with a shared expert, batches up to this many tokens run th
 # 45.4 split (H200; floor 26.8; 0 picks 5.1 against 7.7). The 60-layer rank step at B1 (realistic routing):
 # 4.301 -> 4.155 ms bf16, 8.072 -> 7.782 ms MXFP8 block-major (H200, 2026-12-06, docs/performance.md 2i).
 ROUTED_SPLIT_TOKENS = 1
+# K-chunks of those split tiles' down GEMM (MoeTiles.split_down): at one local pick its 64-wide N tiles are 96
+# programs (fewer than the SMs), each streaming all 3072 inputs; in 2 chunks 192 programs, their fp32 partials summed
+# by the sum kernel (no launch more). H100, one local pick, us: bf16 57.5 -> 52.8, MXFP8 51.8 -> 44.1 (4 chunks 52.9 /
+# 41.5; no pick 7.0 -> 7.5 / 9.1); the 37-layer rank step at B1 (realistic routing) 2.941 -> 2.912 ms, MXFP8 60 layers
+# 8.912 -> 8.668 ms (4 chunks: 2.945 / 8.853) (docs/performance.md 2j). 1: unsplit.
+ROUTED_SPLIT_DOWN = 2
 MAX_SPLIT_K = 32
 
 
@@ -169,15 +177,15 @@ def first_generation_tiles(n_tok: int, top_k: int, n_experts: int, inter: int, h
 
 def mx_split_tiles(inter: int, hidden: int) -> MoeTiles:
     """One token's quantized routed experts (MXFP8, NVFP4 codes as e4m3 bytes) with K split so one active expert's
-    gate|up fills MIN_PROGRAMS programs: BLOCK_N 64 and BLOCK_K 128 (mx_moe_tiles'), the down GEMM's N tiles 64;
-    the partials summed by the tile's last chunk. H200 sweep at one local pick (2026-12-06, us): 71.6 on
+    gate|up fills MIN_PROGRAMS programs: BLOCK_N 64 and BLOCK_K 128 (mx_moe_tiles'), the down GEMM's N tiles 64, its K
+    in ROUTED_SPLIT_DOWN chunks; the gate|up partials summed by the tile's last chunk. H200 sweep at one local pick (2026-12-06, us): 71.6 on
     mx_moe_tiles' grid, 45.8 here, 53.7 with down tiles 32; 0 picks 5.2 -> 7.6."""
     return _split_tiles(inter, hidden, 64)
 
 
 def routed_split_tiles(inter: int, hidden: int) -> MoeTiles:
     """One token's plain routed experts with K split so one active expert's gate|up fills MIN_PROGRAMS programs:
-    BLOCK_N 32, BLOCK_K 128, the down GEMM's N tiles 64 (not split). H200 sweep at one local pick (2026-12-06, us):
+    BLOCK_N 32, BLOCK_K 128, the down GEMM's N tiles 64, its K in ROUTED_SPLIT_DOWN chunks. H200 sweep at one local pick (2026-12-06, us):
     56.5 on moe_tiles' grid, 45.4 here, 46.3 with down tiles 32; skinny_tiles(inter, inter, hidden) ran slower
     than moe_tiles in the rank step (BLOCK_K 64, down tiles 16)."""
     return _split_tiles(inter, hidden, 32)
@@ -185,8 +193,9 @@ def routed_split_tiles(inter: int, hidden: int) -> MoeTiles:
 
 def _split_tiles(inter: int, hidden: int, block_n: int, block_k: int = 128) -> MoeTiles:
     split = _fill_split(inter, hidden, block_n, block_k)
+    down = max(1, min(ROUTED_SPLIT_DOWN, math.ceil(inter / block_k)))
     return MoeTiles(16, block_n, block_k, num_warps=4, num_stages=3, block_n_down=64, split_k=split,
-                    split_k_routed=split)
+                    split_k_routed=split, split_down=down)
 
 
 def skinny_tiles(inter: int, shared_inter: int, hidden: int, block_n: int = 32, block_k: int = 64) -> MoeTiles:
@@ -259,7 +268,8 @@ def fused_moe(
     inter = x.new_empty((sorted_ids.shape[0], w_gate.shape[1]), dtype=_inter_dtype(x, scales, activation, w_gate))
     _launch_gate_up(x, w_gate, w_up, inter, sorted_ids, block_expert, n_post, top_k, activation,
                     alpha, limit, tiles, scales, shared)
-    y = x.new_empty((n_tok * top_k + n_shared, w_down.shape[1]), dtype=torch.float32)
+    y = x.new_empty((down_chunks(w_gate.shape[1], tiles)[0], n_tok * top_k + n_shared, w_down.shape[1]),
+                    dtype=torch.float32)
     weights = topk_weights.reshape(-1).contiguous()
     _launch_down(inter, w_down, y, sorted_ids, block_expert, n_post, weights, tiles, scales, shared)
     out = torch.empty_like(x) if out is None else out
@@ -401,17 +411,29 @@ def _launch_down(inter, wd, y, sorted_ids, block_expert, n_post, weights, tiles,
     fmt = _fmt_code(scales, wd)
     sb = _sub_block(fmt)
     wsd = wd if shared is None else shared.w_down
-    grid = (block_expert.shape[0], math.ceil(hidden / tiles.n_down))
+    if tiles.split_down > 1 and shared is not None:
+        raise ValueError("fused_moe: the down GEMM splits K for routed experts alone (no shared expert inside)")
+    chunks, k_chunk = down_chunks(n_inter, tiles)
+    grid = (block_expert.shape[0], math.ceil(hidden / tiles.n_down), chunks)
     moe_down_kernel[grid](
-        inter, wd, y, sorted_ids, block_expert, n_post, weights, y.shape[0],
-        inter.stride(0), wd.stride(0), wd.stride(1), y.stride(0), sd, sde, sdn, gd, gde,
+        inter, wd, y, sorted_ids, block_expert, n_post, weights, y.shape[1],
+        inter.stride(0), wd.stride(0), wd.stride(1), y.stride(1), y.stride(0), sd, sde, sdn, gd, gde,
         weights.shape[0], wsd, wsd.stride(-2), block_stride(wd, 3, sb),
-        I=n_inter, H=hidden, BLOCK_M=tiles.block_m, BLOCK_N=tiles.n_down, BLOCK_K=tiles.block_k,
+        I=n_inter, H=hidden, BLOCK_M=tiles.block_m, BLOCK_N=tiles.n_down, BLOCK_K=tiles.block_k, K_CHUNK=k_chunk,
         F32=inter.dtype == torch.float32 or interpreting(), FMT=fmt,
         SHARED=shared is not None, E_R=wd.shape[0] if shared is not None else -1,
         I_S=shared.inter if shared is not None else 0, SB=sb,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages, **pdl_args(inter),
     )
+
+
+def down_chunks(n_inter: int, tiles: MoeTiles) -> tuple[int, int]:
+    """(chunks, inputs a chunk) of the down GEMM's reduction over n_inter: at most split_down chunks of whole BLOCK_K
+    steps, the last one shorter; (1, 0) unsplit."""
+    if tiles.split_down <= 1:
+        return 1, 0
+    k_chunk = math.ceil(n_inter / tiles.split_down / tiles.block_k) * tiles.block_k
+    return math.ceil(n_inter / k_chunk), k_chunk
 
 
 def _launch_sum(y, ids, out, n_exp, top_k, shared: bool = False, add: torch.Tensor | None = None):
@@ -421,6 +443,7 @@ def _launch_sum(y, ids, out, n_exp, top_k, shared: bool = False, add: torch.Tens
         raise ValueError(f"fused_moe: add must be a {tuple(out.shape)} tensor contiguous in its last dim")
     block_n = min(1024, next_pow2(out.shape[1]))
     grid = (out.shape[0], math.ceil(out.shape[1] / block_n))
-    moe_sum_kernel[grid](y, ids, out, out if add is None else add, y.stride(0), out.stride(0),
+    moe_sum_kernel[grid](y, ids, out, out if add is None else add, y.stride(1), y.stride(0), out.stride(0),
                          0 if add is None else add.stride(0), ids.numel(), E=n_exp, H=out.shape[1], TOPK=top_k,
-                         BLOCK_N=block_n, SHARED=shared, ADD=add is not None, num_warps=4, **pdl_args(out))
+                         CHUNKS=y.shape[0], BLOCK_N=block_n, SHARED=shared, ADD=add is not None, num_warps=4,
+                         **pdl_args(out))

@@ -191,12 +191,14 @@ def _store_inter(acc_g, acc_u, inter_ptr, slots, n, mask, s_it, alpha, limit, AC
 @triton.jit(do_not_specialize=["n_pairs", "n_routed"])
 def moe_down_kernel(
     inter_ptr, wd_ptr, y_ptr, sorted_ptr, block_expert_ptr, n_post_ptr, weights_ptr, n_pairs,
-    s_it, s_de, s_dn, s_yp, sd_ptr, s_sde, s_sdn, gd_ptr, s_gde, n_routed, wsd_ptr, s_wsd, s_db,
+    s_it, s_de, s_dn, s_yp, s_ys, sd_ptr, s_sde, s_sdn, gd_ptr, s_gde, n_routed, wsd_ptr, s_wsd, s_db,
     I: tl.constexpr, H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, F32: tl.constexpr, FMT: tl.constexpr,
+    BLOCK_K: tl.constexpr, K_CHUNK: tl.constexpr, F32: tl.constexpr, FMT: tl.constexpr,
     SHARED: tl.constexpr, E_R: tl.constexpr, I_S: tl.constexpr, SB: tl.constexpr, PDL: tl.constexpr,
 ):
-    """y[pair, n] = routing_weight[pair] * inter[slot] . wd[e, n] (the shared expert's pairs: weight 1)."""
+    """y[c, pair, n] = routing_weight[pair] * inter[slot, chunk c] . wd[e, n, chunk c] (the shared expert's pairs:
+    weight 1), with K_CHUNK > 0 the reduction over I split in chunks of K_CHUNK (grid axis 2), which
+    moe_sum_kernel sums; K_CHUNK 0: one chunk, all of I."""
     pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
     pid_m = tl.program_id(0)
     if pid_m * BLOCK_M >= tl.load(n_post_ptr):
@@ -208,12 +210,19 @@ def moe_down_kernel(
         wd_base, s_dn_e, k_end = wd_ptr + e * s_de, s_dn, I
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < H
+    if K_CHUNK > 0:
+        k_lo = tl.program_id(2) * K_CHUNK
+        k_hi = tl.minimum(k_lo + K_CHUNK, k_end)
+        y_ptr += tl.program_id(2).to(tl.int64) * s_ys
+    else:
+        k_lo = 0
+        k_hi = k_end
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     rows = slots[:, None].to(tl.int64) * s_it
     if FMT == 1 or FMT == 3:  # MXFP8 scales (NVFP4's scale x global), each K step's loaded one step ahead
         sd_rows, gd_rows = sd_ptr + e * s_sde + n * s_sdn, gd_ptr + e * s_gde + n
-        steps = sub_block_steps(sd_rows, gd_rows, n_ok, 0, I, BLOCK_K // SB, FMT)
-    for k0 in range(0, k_end, BLOCK_K):
+        steps = sub_block_steps(sd_rows, gd_rows, n_ok, k_lo, I, BLOCK_K // SB, FMT)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         if FMT == 1 or FMT == 3:  # SB-wide sub-dots, each scaled by its block's multiplier
             next_steps = sub_block_steps(sd_rows, gd_rows, n_ok, k0 + BLOCK_K, I, BLOCK_K // SB, FMT)
             acc = mx_dot(acc, inter_ptr + rows, wd_ptr + e * s_de + n[:, None] * s_dn, s_db, steps, n_ok, row_ok,
@@ -240,11 +249,13 @@ def moe_down_kernel(
 
 @triton.jit(do_not_specialize=["n_routed"])
 def moe_sum_kernel(
-    y_ptr, ids_ptr, out_ptr, add_ptr, s_yp, s_ot, s_at, n_routed, E: tl.constexpr, H: tl.constexpr,
-    TOPK: tl.constexpr, BLOCK_N: tl.constexpr, SHARED: tl.constexpr, ADD: tl.constexpr, PDL: tl.constexpr,
+    y_ptr, ids_ptr, out_ptr, add_ptr, s_yp, s_ys, s_ot, s_at, n_routed, E: tl.constexpr, H: tl.constexpr,
+    TOPK: tl.constexpr, CHUNKS: tl.constexpr, BLOCK_N: tl.constexpr, SHARED: tl.constexpr, ADD: tl.constexpr,
+    PDL: tl.constexpr,
 ):
-    """out[t, n] = sum over k with a local expert of y[t * TOPK + k, n] (+ the shared expert's row
-    y[n_routed + t] with SHARED) (+ add[t, n] with ADD), in fp32; grid (T, cdiv(H, BLOCK_N))."""
+    """out[t, n] = sum over k with a local expert of y[c, t * TOPK + k, n] over the down GEMM's CHUNKS chunks c (+ the
+    shared expert's row y[0, n_routed + t] with SHARED, one chunk) (+ add[t, n] with ADD), in fp32, in that order;
+    grid (T, cdiv(H, BLOCK_N))."""
     pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
     t = tl.program_id(0).to(tl.int64)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -252,7 +263,8 @@ def moe_sum_kernel(
     for k in range(TOPK):
         e = tl.load(ids_ptr + t * TOPK + k)
         n_end = tl.where((e >= 0) & (e < E), H, 0)  # (a vector mask, not vector & scalar bool)
-        acc += tl.load(y_ptr + (t * TOPK + k) * s_yp + n, mask=n < n_end, other=0.0).to(tl.float32)
+        for c in tl.static_range(CHUNKS):
+            acc += tl.load(y_ptr + c * s_ys + (t * TOPK + k) * s_yp + n, mask=n < n_end, other=0.0).to(tl.float32)
     if SHARED:
         acc += tl.load(y_ptr + (n_routed + t) * s_yp + n, mask=n < H, other=0.0).to(tl.float32)
     if ADD:

@@ -138,6 +138,7 @@ def record_all(q_lens):
         ids = torch.randint(0, 16, (n_tok, 4), dtype=torch.int32)
         fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T)
         fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T, add=xs)  # the shared expert beside
+        record_split_down(xs, wg, wd, ids, T)
         ws = torch.empty(384, 6144, dtype=torch.bfloat16)  # the shared expert inside (split-K at batch 1)
         fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T,
                   shared=SharedExpert(ws, ws, torch.empty(6144, 384, dtype=torch.bfloat16)))
@@ -145,6 +146,19 @@ def record_all(q_lens):
     record_mxfp8(T)
     record_fused(caches, x[:, 0])
     record_skinny()
+
+
+def record_split_down(xs, wg, wd, ids, backend, scales=None):
+    """The one-token split tiles with their down GEMM's K whole and in chunks (kernels.moe.ROUTED_SPLIT_DOWN 1, 2, 4)."""
+    from m3bench.runtime.kernels import moe
+
+    before = moe.ROUTED_SPLIT_DOWN
+    try:
+        for down in (1, 2, 4):
+            moe.ROUTED_SPLIT_DOWN = down
+            fused_moe(xs, wg, wg, wd, ids, torch.rand(xs.shape[0], 4), backend=backend, scales=scales, add=xs)
+    finally:
+        moe.ROUTED_SPLIT_DOWN = before
 
 
 def record_skinny():
@@ -193,6 +207,7 @@ def record_mxfp8(T):
                            torch.empty(16, 6144, 96, dtype=torch.uint8))
         ids = torch.randint(0, 16, (n_tok, 4), dtype=torch.int32)
         fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T, scales=scales)
+        record_split_down(xs, wg, wd, ids, T, scales)
         old = moe_tiles(n_tok * 4, 16, 3072, 6144)
         fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T, scales=scales, tiles=old)
         e4m3 = torch.float8_e4m3fn

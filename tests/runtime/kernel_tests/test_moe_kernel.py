@@ -270,3 +270,44 @@ def test_add_joins_the_final_sum_and_a_callable_is_called_once():
     assert torch.allclose(ref.double(), want, atol=1e-4, rtol=1e-4)
     with pytest.raises(ValueError, match="add must be"):
         fused_moe(**p, backend=KernelBackend.TRITON, tiles=MoeTiles(16, 16, 16), add=add[:, :8])
+
+
+@pytest.mark.parametrize(("split_down", "chunks"), [(2, 2), (3, 3), (4, 3)])
+@pytest.mark.parametrize("local", [0, 1, 3])
+def test_down_gemm_split_k_chunks_summed_by_the_sum_kernel(monkeypatch, local, split_down, chunks):
+    """MoeTiles.split_down: the down GEMM's reduction in chunks of whole K steps (fp32 partials a chunk, the last
+    one shorter; 320 inputs in steps of 128: at most 3), summed by the sum kernel with no launch more: the fp64
+    reference at 0-3 local picks, the unsplit result within fp32 rounding; the one-token split tiles take
+    ROUTED_SPLIT_DOWN chunks; a shared expert inside refuses it."""
+    from dataclasses import replace
+
+    from m3bench.runtime.kernels import moe, moe_triton
+    from m3bench.runtime.kernels.moe import SharedExpert, first_generation_tiles
+
+    p = _problem(90 + local, n_tok=1, top_k=4, n_exp=8, hidden=256, inter=320)
+    p["topk_ids"][0] = torch.tensor([1, 5, 6, -1][:local] + [-1] * (4 - local), dtype=p["topk_ids"].dtype)
+    monkeypatch.setattr(moe, "ROUTED_SPLIT_DOWN", split_down)
+    tiles = first_generation_tiles(1, 4, 8, 320, 256, False)
+    assert tiles.split_down == min(split_down, 3) and tiles.split_k > 1
+    launches = []
+
+    class Counting:
+        def __init__(self, name, kernel):
+            self.name, self.kernel = name, kernel
+
+        def __getitem__(self, grid):
+            launches.append((self.name, grid))
+            return self.kernel[grid]
+
+    for name in ("moe_down_kernel", "moe_sum_kernel"):
+        monkeypatch.setattr(moe_triton, name, Counting(name, getattr(moe_triton, name)))
+    out = torch.full_like(p["x"], float("nan"))
+    fused_moe(**p, out=out, backend=KernelBackend.TRITON, tiles=tiles)
+    assert [n for n, _ in launches] == ["moe_down_kernel", "moe_sum_kernel"] and launches[0][1][2] == chunks
+    want = fused_moe_ref(**{k: v.double() if v.is_floating_point() else v for k, v in p.items()})
+    assert torch.isfinite(out).all() and torch.allclose(out.double(), want, atol=1e-4, rtol=1e-4)
+    whole = fused_moe(**p, backend=KernelBackend.TRITON, tiles=replace(tiles, split_down=1))
+    assert torch.allclose(out, whole, atol=1e-5, rtol=1e-5)
+    shared = SharedExpert(p["w_gate"][0], p["w_up"][0], p["w_down"][0])
+    with pytest.raises(ValueError, match="splits K for routed experts alone"):
+        fused_moe(**p, backend=KernelBackend.TRITON, tiles=tiles, shared=shared)

@@ -25,7 +25,8 @@ def test_tiny_run_checks_every_pick_count(bench, capsys, triton_interpreter):
     assert bench.main(["--tiny"]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("bf16", "mxfp8"))]
     assert [(r.split()[0], int(r.split()[1])) for r in rows] == [
-        (f, n) for f in ("bf16", "bf16-split", "mxfp8", "mxfp8-split") for n in range(3)]
+        (f, n) for e in ("bf16", "mxfp8") for f in (e, f"{e}-split", f"{e}-split-down2", f"{e}-split-down4")
+        for n in range(3)]
 
 
 def test_tiny_sweep_times_the_rule_and_candidates_checked(bench, capsys, triton_interpreter):
@@ -36,7 +37,7 @@ def test_tiny_sweep_times_the_rule_and_candidates_checked(bench, capsys, triton_
     assert "bf16   rule" in out and "mxfp8  rule" in out and "bf16   bn32 bk64 split1 down16" in out
     mixes = [line.split() for line in out.splitlines() if line.split()[-2:-1] == ["mix"]]
     assert {m[0] for m in mixes} == {"bf16", "mxfp8"} and len(mixes) <= 4  # the best one and the rule, each
-    assert [m[0] for m in mixes if m[1] == "rule"] == ["bf16", "mxfp8"]
+    assert [m[0] for m in mixes if m[1] == "rule" and m[2].startswith("0:")] == ["bf16", "mxfp8"]  # not "rule down2"
     assert all(float(m[-1]) > 0 for m in mixes)
 
 
@@ -47,6 +48,8 @@ def test_sweep_candidates_divide_the_hidden_size(bench):
     for quantized in (False, True):
         ex = bench.Experts("x", {}, 1, (), quantized)
         cands = bench.candidates(ex, sh)
-        assert cands[0][0] == "rule" and len(cands) == 2 * (1 if quantized else 2) * 4 * 3  # the rule's once
+        assert cands[0][0] == "rule" and len(cands) == 2 + 2 * (1 if quantized else 2) * 4 * 3  # the rule's once
+        assert cands[0][1].split_down == 2  # the runtime's
+        assert [n for n, t in cands[1:3]] == ["rule down1", "rule down4"] and cands[2][1].split_down == 4
         assert [t for _, t in cands].count(cands[0][1]) == 1
         assert all(sh.hidden % (t.split_k * t.block_k) == 0 for _, t in cands)

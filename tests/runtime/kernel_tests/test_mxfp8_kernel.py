@@ -109,21 +109,26 @@ def test_mxfp8_fused_moe_matches_dequantized_fp32(tiles):
     assert torch.allclose(torch_path.double(), want, atol=1e-3, rtol=1e-4)
 
 
+@pytest.mark.parametrize("split_down", [1, 2])
 @pytest.mark.parametrize("local", [0, 1, 2])
-def test_mxfp8_routed_experts_split_k_at_one_token(local):
-    """One token, 0-2 of its four picks local, MXFP8 experts on mx_split_tiles (K split, the partials summed and activated by
-    each tile's last K chunk), row- and block-major: dequantize-then-matmul in fp64; the split tiles fill the GPU with one
-    active expert at one rank's shapes."""
+def test_mxfp8_routed_experts_split_k_at_one_token(monkeypatch, local, split_down):
+    """One token, 0-2 of its four picks local, MXFP8 experts on mx_split_tiles (K split, the partials summed and
+    activated by each tile's last K chunk; with ROUTED_SPLIT_DOWN 2 the down GEMM's too, summed by the sum kernel),
+    row- and block-major: dequantize-then-matmul in fp64; the split tiles fill the GPU with one active expert at one
+    rank's shapes."""
+    from m3bench.runtime.kernels import moe
     from m3bench.runtime.kernels.moe import MIN_PROGRAMS, gate_up_programs, mx_split_tiles
 
     g = torch.Generator().manual_seed(60 + local)
-    n_exp, hidden, inter = 6, 256, 96
+    n_exp, hidden, inter = 6, 256, 160
     (wgu, sgu), (wd, sd) = _mx(g, n_exp, 2 * inter, hidden), _mx(g, n_exp, hidden, inter)
     ids = torch.tensor([[1, 4, -1, -1][:local] + [-1] * (4 - local)], dtype=torch.int32)
     x, w = torch.randn(1, hidden, generator=g) * 2, torch.rand(1, 4, generator=g) + 0.1
     scales = MoeScales(sgu[:, :inter], sgu[:, inter:], sd)
+    monkeypatch.setattr(moe, "ROUTED_SPLIT_DOWN", split_down)
     tiles = mx_split_tiles(inter, hidden)
     assert tiles.split_k == tiles.split_k_routed == 2  # hidden 256: two K steps of 128
+    assert tiles.split_down == split_down  # 160 inputs: a step of 128 and one of 32
     dq = lambda a, s: quant.dequant_mxfp8(a, s, torch.float64)  # noqa: E731
     want = fused_moe_ref(x.double(), dq(wgu, sgu)[:, :inter], dq(wgu, sgu)[:, inter:], dq(wd, sd), ids, w.double())
     bgu, bd = quant.block_major(wgu), quant.block_major(wd)
