@@ -10,10 +10,11 @@ one in ~33% (16 of 128 experts), so the 0- and 1-pick rows are what the realisti
 The rows bf16-split / mxfp8-split run the decode step's tiles (kernels.moe.first_generation_tiles at one token, 4
 pairs over 16 experts, the shared expert beside: routed_split_tiles / mx_split_tiles at ROUTED_SPLIT_TOKENS 1, the
 default, their down GEMM's K in ROUTED_SPLIT_DOWN chunks), -split-down1 / -down2 / -down4 the same with the down
-GEMM's K whole / in 2 / 4 chunks (those other than the rule's),
-bf16 / mxfp8 the unsplit grid (moe_tiles / mx_moe_tiles, what ROUTED_SPLIT_TOKENS 0 runs); each call's picks name other experts than the call before (cold weights: 16 experts are 1.8 GB
-in bf16). Times: all calls in one CUDA graph, replayed (kernels_gpu.time_us); floor: the picked experts' bytes at
-the device's copy rate (floor_bandwidth.py). Checked first against the fp32 reference at each pick count.
+GEMM's K whole / in 2 / 4 chunks (those other than the rule's), bf16 / mxfp8 the unsplit grid (moe_tiles /
+mx_moe_tiles, what ROUTED_SPLIT_TOKENS 0 runs); each call's picks name other experts than the call before (cold
+weights: 16 experts are 1.8 GB in bf16). Times: all calls in one CUDA graph, replayed (kernels_gpu.time_us); floor:
+the picked experts' bytes at the device's copy rate (floor_bandwidth.py). Checked first against the fp32 reference
+at each pick count.
 """
 
 from __future__ import annotations

@@ -178,16 +178,17 @@ def first_generation_tiles(n_tok: int, top_k: int, n_experts: int, inter: int, h
 def mx_split_tiles(inter: int, hidden: int) -> MoeTiles:
     """One token's quantized routed experts (MXFP8, NVFP4 codes as e4m3 bytes) with K split so one active expert's
     gate|up fills MIN_PROGRAMS programs: BLOCK_N 64 and BLOCK_K 128 (mx_moe_tiles'), the down GEMM's N tiles 64, its K
-    in ROUTED_SPLIT_DOWN chunks; the gate|up partials summed by the tile's last chunk. H200 sweep at one local pick (2026-12-06, us): 71.6 on
-    mx_moe_tiles' grid, 45.8 here, 53.7 with down tiles 32; 0 picks 5.2 -> 7.6."""
+    in ROUTED_SPLIT_DOWN chunks; the gate|up partials summed by the tile's last chunk. H200 sweep at one local pick
+    (2026-12-06, us, the down GEMM whole): 71.6 on mx_moe_tiles' grid, 45.8 here, 53.7 with down tiles 32; 0 picks
+    5.2 -> 7.6."""
     return _split_tiles(inter, hidden, 64)
 
 
 def routed_split_tiles(inter: int, hidden: int) -> MoeTiles:
     """One token's plain routed experts with K split so one active expert's gate|up fills MIN_PROGRAMS programs:
-    BLOCK_N 32, BLOCK_K 128, the down GEMM's N tiles 64, its K in ROUTED_SPLIT_DOWN chunks. H200 sweep at one local pick (2026-12-06, us):
-    56.5 on moe_tiles' grid, 45.4 here, 46.3 with down tiles 32; skinny_tiles(inter, inter, hidden) ran slower
-    than moe_tiles in the rank step (BLOCK_K 64, down tiles 16)."""
+    BLOCK_N 32, BLOCK_K 128, the down GEMM's N tiles 64, its K in ROUTED_SPLIT_DOWN chunks. H200 sweep at one local
+    pick (2026-12-06, us, the down GEMM whole): 56.5 on moe_tiles' grid, 45.4 here, 46.3 with down tiles 32;
+    skinny_tiles(inter, inter, hidden) ran slower than moe_tiles in the rank step (BLOCK_K 64, down tiles 16)."""
     return _split_tiles(inter, hidden, 32)
 
 

@@ -149,7 +149,7 @@ def record_all(q_lens):
 
 
 def record_split_down(xs, wg, wd, ids, backend, scales=None):
-    """The one-token split tiles with their down GEMM's K whole and in chunks (kernels.moe.ROUTED_SPLIT_DOWN 1, 2, 4)."""
+    """The one-token split tiles, their down GEMM's K whole and in chunks (kernels.moe.ROUTED_SPLIT_DOWN 1, 2, 4)."""
     from m3bench.runtime.kernels import moe
 
     before = moe.ROUTED_SPLIT_DOWN
