@@ -259,6 +259,8 @@ def fused_moe(
             raise ValueError("fused_moe: add needs the first-generation kernels (MoeTiles)")
         return fused_moe_quant(x, w_gate, w_up, w_down, topk_ids, topk_weights, activation, alpha, limit, out,
                                scales, tiles)
+    if tiles.split_down > 1 and shared is not None:
+        raise ValueError("fused_moe: the down GEMM splits K for routed experts alone (no shared expert inside)")
     n_tok, top_k = topk_ids.shape
     n_exp, n_shared = w_gate.shape[0], n_tok if shared is not None else 0
     ids = topk_ids.reshape(-1).contiguous()
@@ -269,10 +271,9 @@ def fused_moe(
     inter = x.new_empty((sorted_ids.shape[0], w_gate.shape[1]), dtype=_inter_dtype(x, scales, activation, w_gate))
     _launch_gate_up(x, w_gate, w_up, inter, sorted_ids, block_expert, n_post, top_k, activation,
                     alpha, limit, tiles, scales, shared)
-    y = x.new_empty((down_chunks(w_gate.shape[1], tiles)[0], n_tok * top_k + n_shared, w_down.shape[1]),
-                    dtype=torch.float32)
     weights = topk_weights.reshape(-1).contiguous()
-    _launch_down(inter, w_down, y, sorted_ids, block_expert, n_post, weights, tiles, scales, shared)
+    y = _launch_down(inter, w_down, n_tok * top_k + n_shared, sorted_ids, block_expert, n_post, weights, tiles,
+                     scales, shared)
     out = torch.empty_like(x) if out is None else out
     _launch_sum(y, ids, out, n_exp, top_k, shared is not None, _addend(add))
     return out
@@ -401,8 +402,9 @@ def gate_up_programs(n_inter: int, n_shared_inter: int, split: int, tiles: MoeTi
                math.ceil(n_shared_inter / tiles.block_n) * split)
 
 
-def _launch_down(inter, wd, y, sorted_ids, block_expert, n_post, weights, tiles, scales=None,
-                 shared: SharedExpert | None = None):
+def _launch_down(inter, wd, n_rows, sorted_ids, block_expert, n_post, weights, tiles, scales=None,
+                 shared: SharedExpert | None = None) -> torch.Tensor:
+    """The down GEMM into its fp32 rows [chunks, n_rows, H] (one plane a K chunk, down_chunks), returned."""
     from m3bench.runtime.kernels.moe_triton import moe_down_kernel
 
     _check_weights(wd)
@@ -412,12 +414,11 @@ def _launch_down(inter, wd, y, sorted_ids, block_expert, n_post, weights, tiles,
     fmt = _fmt_code(scales, wd)
     sb = _sub_block(fmt)
     wsd = wd if shared is None else shared.w_down
-    if tiles.split_down > 1 and shared is not None:
-        raise ValueError("fused_moe: the down GEMM splits K for routed experts alone (no shared expert inside)")
     chunks, k_chunk = down_chunks(n_inter, tiles)
+    y = inter.new_empty((chunks, n_rows, hidden), dtype=torch.float32)
     grid = (block_expert.shape[0], math.ceil(hidden / tiles.n_down), chunks)
     moe_down_kernel[grid](
-        inter, wd, y, sorted_ids, block_expert, n_post, weights, y.shape[1],
+        inter, wd, y, sorted_ids, block_expert, n_post, weights, n_rows,
         inter.stride(0), wd.stride(0), wd.stride(1), y.stride(1), y.stride(0), sd, sde, sdn, gd, gde,
         weights.shape[0], wsd, wsd.stride(-2), block_stride(wd, 3, sb),
         I=n_inter, H=hidden, BLOCK_M=tiles.block_m, BLOCK_N=tiles.n_down, BLOCK_K=tiles.block_k, K_CHUNK=k_chunk,
@@ -426,6 +427,7 @@ def _launch_down(inter, wd, y, sorted_ids, block_expert, n_post, weights, tiles,
         I_S=shared.inter if shared is not None else 0, SB=sb,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages, **pdl_args(inter),
     )
+    return y
 
 
 def down_chunks(n_inter: int, tiles: MoeTiles) -> tuple[int, int]:
