@@ -10,7 +10,9 @@ as the fused MoE: "moe-local" (16 local experts of 3072, every pick local: the m
 its own copy of the weights (> 150 MB a graph replay, 3x the L2), as a decode step does across layers.
 % of floor: the new kernel's time against the bytes it must move (weights of the rows or experts read,
 activations in and out) at the floor's bandwidth (decode_floor.peak_bytes_per_s: the device's copy rate, measured
-at the start, floor_bandwidth.py; before 2026-12-06 a fixed 4.0 TB/s). "alt": the other new
+at the start, floor_bandwidth.py; before 2026-12-06 a fixed 4.0 TB/s). Linear rows also print the read ceiling of
+their weight bytes (read_ceiling.py: the fastest kernel that only reads them, timed the same way) and the new
+kernel's time against it: a linear of a few MB cannot reach the copy rate even without arithmetic. "alt": the other new
 kernel (GEMV <-> dot) at batch 1. Error: max |got - want| / max |want| against dequantize-then-matmul in
 fp32 on the same inputs. Goals (issue 16): >= 75% of the floor; moe-local at batch 16-64 >= 1.7x bf16.
 Rows print as they are measured (a cut-short run still shows them); a kernel that fails reads NaN.
@@ -35,6 +37,7 @@ from decode_floor import peak_bytes_per_s
 from floor_bandwidth import use_device_bandwidth
 from kernels_gpu import time_us
 from mxfp8_gpu import MX_BYTES, NV_BYTES, TINY, Shapes, bench_device, make_experts, rel_err, routing
+from read_ceiling import read_us
 
 from m3bench.runtime import quant
 from m3bench.runtime.kernels.backend import KernelBackend
@@ -62,10 +65,15 @@ class Row:
     alt_us: float | None
     err_new: float
     err_old: float
+    read_us: float = math.nan  # linears: the read ceiling of the weight bytes (read_ceiling.py)
 
     @property
     def pct_floor(self) -> float:
         return 100.0 * self.bytes_moved / peak_bytes_per_s() / (self.new_us * 1e-6)
+
+    @property
+    def pct_read(self) -> float:
+        return 100.0 * self.read_us / self.new_us
 
     @property
     def speedup(self) -> float:
@@ -117,7 +125,8 @@ def linear_row(name: str, n: int, k: int, b: int, ws: list, dev, gen) -> Row:
     want = F.linear(xs[0].float(), ws[0][2].float())
     errs = {k_: error_of(lambda f=impls[k_]: f(xs[0], ws[0]), want) for k_ in ("new", "old")}
     moved = int(n * k * MX_BYTES) + 2 * b * (n + k)
-    return Row(name, "mxfp8", b, moved, us["bf16"], us["old"], us["new"], us.get("alt"), errs["new"], errs["old"])
+    return Row(name, "mxfp8", b, moved, us["bf16"], us["old"], us["new"], us.get("alt"), errs["new"], errs["old"],
+               read_us(int(n * k * MX_BYTES), dev)[0])
 
 
 def linear_rows(sh: Shapes, batches, dev, gen) -> list[Row]:
@@ -185,14 +194,15 @@ def goal_summary(rows: list[Row]) -> str:
 
 def table_line(r: Row) -> str:
     alt = f"{r.alt_us:.1f}" if r.alt_us is not None else "-"
+    read = (f"{r.read_us:.1f} | {r.pct_read:.0f}%" if math.isfinite(r.read_us) else "- | -")
     return (f"| {r.kernel} | {r.fmt} | {r.batch} | {r.bf16_us:.1f} | {r.old_us:.1f} | {r.new_us:.1f} | {alt} | "
-            f"{r.pct_floor:.0f}% | {r.speedup:.2f}x | {r.old_us / r.new_us:.2f}x | {r.err_new:.1e} | "
+            f"{r.pct_floor:.0f}% | {read} | {r.speedup:.2f}x | {r.old_us / r.new_us:.2f}x | {r.err_new:.1e} | "
             f"{r.err_old:.1e} | {goal(r)} |")
 
 
 def markdown_table(rows: list[Row]) -> str:
-    lines = ["| kernel | weights | batch | bf16 us | old us | new us | alt us | new % of floor | new vs bf16 | "
-             "new vs old | err new | err old | goal |", "|---|---|---:|" + "---:|" * 9 + "---|"]
+    lines = ["| kernel | weights | batch | bf16 us | old us | new us | alt us | new % of floor | read us | "
+             "new % of read | new vs bf16 | new vs old | err new | err old | goal |", "|---|---|---:|" + "---:|" * 11 + "---|"]
     return "\n".join(lines + [table_line(r) for r in rows])
 
 
@@ -220,7 +230,8 @@ def main(argv=None) -> int:
     if args.markdown:
         args.markdown.write_text(table + "\n")
     if args.json:
-        args.json.write_text(json.dumps([asdict(r) | {"pct_floor": r.pct_floor, "speedup": r.speedup, "goal": goal(r)}
+        args.json.write_text(json.dumps([asdict(r) | {"pct_floor": r.pct_floor, "pct_read": r.pct_read, "speedup": r.speedup,
+                                          "goal": goal(r)}
                                          for r in rows], indent=1))
     bad = [r for r in rows if not (r.err_new <= MAX_ERR and r.err_old <= MAX_ERR and r.new_us > 0)]  # NaN: failed
     for r in bad:

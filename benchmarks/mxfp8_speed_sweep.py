@@ -6,6 +6,7 @@ moe_quant.quant_moe_tiles should pick): every candidate checked against fp32, ti
     python benchmarks/mxfp8_speed_sweep.py moe-v1     # the first-generation MXFP8 MoE (what AUTO runs)
     python benchmarks/mxfp8_speed_sweep.py linear-v1  # its linears at 4 / 16 rows; both: row- and block-major
     python benchmarks/mxfp8_speed_sweep.py linear-v1-tiles   # their tiles (block-major): rule and best candidate
+    python benchmarks/mxfp8_speed_sweep.py gemv-tiles  # the GEMV's tiles at one row, every linear (block-major)
 
 Linear rows: qkv+index [1536, 6144] and o_proj [6144, 1024] of a TP8 rank at batch 1, 4, 16, 64 (GEMV and
 dot kernels, BLOCK_N / BLOCK_K / stages / split targets); MoE rows: moe-local (16 experts, every pick local)
@@ -209,13 +210,50 @@ def sweep_linear_v1_tiles(dev, gen, batches=(4, 16)) -> None:
                   f"split {rule.split_k} | best {us:6.1f} us ({floor_us / us:4.0%}) {t}", flush=True)
 
 
+def gemv_candidates(m: int, n: int, k: int):
+    """GEMV tiles: (BLOCK_N, BLOCK_K, warps) around the rule's, K split within one wave of 6 (8 warps) or 8 (4 warps)
+    programs an SM, each split at least 1 or 2 K steps."""
+    for (bn, bk, warps), min_steps in itertools.product(
+            ((16, 1024, 8), (16, 512, 4), (16, 512, 8), (16, 256, 4), (32, 512, 4), (64, 256, 4)), (1, 2)):
+        bk = block_k_for(k, bk)
+        cap = (6 if warps == 8 else 8) * 132
+        yield MxTiles(MxKernel.GEMV, next_pow2(m), bn, bk, split_for(-(-n // bn), k, bk, cap, min_steps), warps, 1)
+
+
+def sweep_gemv_tiles(dev, gen, rows=(1, 2, 4)) -> None:
+    """The GEMV on block-major weights at every linear of the rank: the rule's tiles (mx_tiles) against the best
+    candidate at one row; at more rows the rule's GEMV tiles against what AUTO runs there (the first kernel)."""
+    from m3bench.runtime.kernels.mxfp8 import linear_tiles
+
+    for name, n, k in Shapes().linears:
+        ws = linear_weights(n, k, copies(n * k * MX_BYTES), dev, gen)
+        bms = [(quant.block_major(w[0]), w[1]) for w in ws]
+        floor_us = n * k * MX_BYTES / peak_bytes_per_s() * 1e6
+        for m in rows:
+            xs = [torch.randn(m, k, device=dev, generator=gen).to(torch.bfloat16) for _ in ws]
+            want = F.linear(xs[0].float(), ws[0][2].float())
+            def run(t):  # noqa: E306
+                return [lambda x=x, w=w: mxfp8_linear(x, *w, backend=TRITON, tiles=t) for x, w in zip(xs, bms)]
+            check = lambda t: rel_err(mxfp8_linear(xs[0], *bms[0], backend=TRITON, tiles=t), want)  # noqa: E731
+            rule = mx_tiles(m, n, k, MxKernel.GEMV)
+            rule_us = time_us(run(rule))
+            if m == 1:
+                us, t = best_of(gemv_candidates(m, n, k), run, check)
+            else:
+                t = linear_tiles(m, n, k)
+                us = time_us(run(t)) if check(t) <= 2e-2 else float("nan")
+            print(f"{name} M={m}: floor {floor_us:5.1f} | GEMV rule {rule_us:6.1f} us ({floor_us / rule_us:4.0%}) "
+                  f"{rule} | {'best' if m == 1 else 'first kernel'} {us:6.1f} us ({floor_us / us:4.0%}) {t}",
+                  flush=True)
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("no CUDA device: run on the H200", file=sys.stderr)
         return 2
     part = sys.argv[1] if len(sys.argv) > 1 else "linear"
-    if part not in ("linear", "moe", "moe-v1", "linear-v1", "linear-v1-tiles"):
-        print(f"unknown part {part!r}: linear, moe, moe-v1, linear-v1 or linear-v1-tiles", file=sys.stderr)
+    if part not in ("linear", "moe", "moe-v1", "linear-v1", "linear-v1-tiles", "gemv-tiles"):
+        print(f"unknown part {part!r}: linear, moe, moe-v1, linear-v1, linear-v1-tiles or gemv-tiles", file=sys.stderr)
         return 2
     dev, gen = torch.device("cuda"), torch.Generator(device="cuda").manual_seed(0)
     print(use_device_bandwidth(dev), flush=True)
@@ -228,6 +266,8 @@ def main() -> int:
         sweep_linear_v1(dev, gen)
     elif part == "linear-v1-tiles":
         sweep_linear_v1_tiles(dev, gen)
+    elif part == "gemv-tiles":
+        sweep_gemv_tiles(dev, gen)
     else:
         sweep_moe(Shapes(), (1, 16, 64), dev, gen)
     return 0

@@ -24,15 +24,22 @@ from m3bench.runtime.kernels.backend import interpreting, next_pow2, pdl_args, s
 from m3bench.runtime.kernels.lanes import current_lane
 
 # One row runs the GEMV: on the H200 (benchmarks/mxfp8_speed.py, 2026-12-02) it beat the dot kernel at
-# batch 1 in all six linears (e.g. qkv+index 8.8 against 18.2 us, o_proj 5.1 against 8.4), although its sm90
-# SASS spends ~8.9 instructions a weight in the K loop against the dot's ~4.9. From two rows the dot kernel
-# (the GEMV needs 100 registers a thread at two rows; not timed there).
+# batch 1 in all six linears (e.g. qkv+index 8.8 against 18.2 us, o_proj 5.1 against 8.4). H100, 2026-12-06
+# (docs/performance.md 9f): its inputs read once a K step (sm90 SASS ~7.8 instructions a weight, was ~9.0) ran
+# 1.12-1.36x faster on the same tiles, GEMV_BLOCK_K up to 1.2x more; the B1 MXFP8 rank step 8.70 -> 8.35 ms. From
+# two rows the first kernel (kernels/quant_kernels.py): the GEMV (101-128 registers there, BLOCK_K 1024 then) lost
+# to it in 3 of the 6 linears at two rows and in all 6 at four (mxfp8_speed_sweep.py gemv-tiles).
 GEMV_MAX_ROWS = 1
 SMS = 132  # H100 / H200
 # resident programs an SM holds, from the Triton 3.6 sm90 build (registers a thread; shared memory, 3 stages):
 # GEMV 42 x 256 threads; dot BLOCK_M 16: 128 x 128, 58 KB; 32: 155, 83 KB; 64: 128, 66 KB; 128: 188, 115 KB
 PER_SM = {"gemv": 6, 16: 3, 32: 2, 64: 3, 128: 2}
 MAX_SPLIT = 16
+# GEMV tiles at one row (benchmarks/mxfp8_speed_sweep.py gemv-tiles, H100, 2026-12-06, block-major weights): BLOCK_K
+# 512 with every split at least two K steps against 1024 and one step: qkv + index 7.0 against 8.3 us, o_proj 4.2
+# against 4.9, dense gate|up 10.9-ish against 12.9; dense down and shared down the same tiles either way
+GEMV_BLOCK_K = 512
+GEMV_MIN_STEPS = 2
 COUNTERS = 1 << 16  # output tiles of one launch, at most
 
 
@@ -75,15 +82,15 @@ def split_for(tiles: int, k: int, block_k: int, capacity: int, min_steps: int = 
 
 
 def mx_tiles(m: int, n: int, k: int, kernel: MxKernel | None = None, sms: int = SMS) -> MxTiles:
-    """Decode tiles, one wave of programs on `sms` SMs. GEMV (M <= GEMV_MAX_ROWS): BLOCK_N 16, BLOCK_K 1024
+    """Decode tiles, one wave of programs on `sms` SMs. GEMV (M <= GEMV_MAX_ROWS): BLOCK_N 16, BLOCK_K GEMV_BLOCK_K
     (or the largest power of two dividing K), 8 warps. Dot: BLOCK_N 64 (one wgmma row group), BLOCK_M the
     batch padded to 16..64 (128 past 64 rows: prefill), BLOCK_K 256 (128 from BLOCK_M 64: two programs'
     stages fit an SM)."""
     kernel = kernel or (MxKernel.GEMV if m <= GEMV_MAX_ROWS else MxKernel.DOT)
     if kernel is MxKernel.GEMV:
-        bk = block_k_for(k, 1024)
+        bk = block_k_for(k, GEMV_BLOCK_K)
         return MxTiles(kernel, next_pow2(max(1, m)), 16, bk,
-                       split_for(math.ceil(n / 16), k, bk, PER_SM["gemv"] * sms), 8, 1)
+                       split_for(math.ceil(n / 16), k, bk, PER_SM["gemv"] * sms, GEMV_MIN_STEPS), 8, 1)
     bm = min(128 if m > 64 else 64, max(16, next_pow2(m)))  # prefill: 128 rows a tile, fewer re-dequantizations
     bk = block_k_for(k, 256 if bm <= 32 else 128)
     cap = PER_SM[bm] * sms

@@ -128,9 +128,10 @@ def test_decode_tiles_split_k_within_one_wave_at_rank_shapes():
     t32, t64 = mx_tiles(32, 1536, 6144), mx_tiles(64, 1536, 6144)  # 2 / 3 programs an SM: 8 / 16 pieces
     assert (t32.block_m, t32.block_k, t32.split_k, t64.block_m, t64.block_k, t64.split_k) == (32, 256, 8, 64, 128, 16)
     assert mx_tiles(8192, 1536, 6144).block_m == 128 and mx_tiles(8192, 1536, 6144).split_k == 1  # prefill
-    g = mx_tiles(1, 1536, 6144, MxKernel.GEMV)  # the GEMV: 96 tiles x 6 one-step pieces
-    assert (g.block_n, g.block_k, g.split_k, g.num_warps) == (16, 1024, 6, 8)
-    assert mx_tiles(1, 3072, 6144, MxKernel.GEMV).split_k == 3  # 192 x 6 would exceed a wave of 6 an SM
+    g = mx_tiles(1, 1536, 6144, MxKernel.GEMV)  # the GEMV: 96 tiles x 6 pieces of two 512-steps
+    assert (g.block_n, g.block_k, g.split_k, g.num_warps) == (16, 512, 6, 8)
+    assert mx_tiles(1, 3072, 6144, MxKernel.GEMV).split_k == 4  # 192 x 6 would exceed a wave of 6 an SM
+    assert mx_tiles(1, 6144, 1024, MxKernel.GEMV).split_k == 1  # o_proj: two K steps, not split to one a piece
     t = mx_tiles(64, 6144, 384)  # shared expert down at batch 64: BLOCK_K 128 divides 384
     assert t.block_k == 128 and 384 % (t.split_k * t.block_k) == 0
     for m, n, k in ((1, 1536, 6144), (2, 6144, 1536), (16, 768, 6144), (64, 6144, 1024)):

@@ -25,7 +25,11 @@ def test_rows_give_floor_share_speedup_and_goal(bench, monkeypatch):
     assert bench.goal_summary([row]) == ("goals met: MXFP8 1/1 rows, NVFP4 0/0 rows; memory-bound MXFP8 rows "
                                          "(moe-local, batch >= 16) 1/1")
     line = bench.markdown_table([row]).splitlines()[-1]
-    assert line == "| moe-local | mxfp8 | 16 | 40.0 | 60.0 | 16.0 | - | 88% | 2.50x | 3.75x | 1.0e-03 | 2.0e-03 | ok |"
+    assert line == ("| moe-local | mxfp8 | 16 | 40.0 | 60.0 | 16.0 | - | 88% | - | - | 2.50x | 3.75x | 1.0e-03 | 2.0e-03 "
+                    "| ok |")
+    linear = bench.Row("qkv", "mxfp8", 1, n * k, 40.0, 60.0, 16.0, 20.0, 1e-3, 2e-3, read_us=12.0)
+    assert linear.pct_read == pytest.approx(75.0)
+    assert "| 16.0 | 20.0 | 88% | 12.0 | 75% | 2.50x |" in bench.table_line(linear)
 
 
 def test_tiny_run_times_every_kernel_and_writes_json(bench, tmp_path, triton_interpreter):
@@ -35,6 +39,7 @@ def test_tiny_run_times_every_kernel_and_writes_json(bench, tmp_path, triton_int
     assert {(r["kernel"], r["fmt"], r["batch"]) for r in rows} >= {("qkv", "mxfp8", 1), ("o", "mxfp8", 3),
                                                                   ("moe-local", "nvfp4", 3), ("moe-ep", "mxfp8", 1)}
     assert all(r["err_new"] < 2e-2 and r["err_old"] < 2e-2 and r["new_us"] > 0 for r in rows)
+    assert all((r["read_us"] > 0) == (r["kernel"] in ("qkv", "o")) for r in rows)  # NaN compares False
     assert all((r["alt_us"] is not None) == (r["kernel"] in ("qkv", "o") and r["batch"] == 1) for r in rows)
 
 
