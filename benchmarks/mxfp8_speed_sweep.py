@@ -188,21 +188,29 @@ def v1_linear_candidates(m: int, n: int, k: int):
             yield LinearTiles(min(64, max(16, next_pow2(m))), bn, 128, 4, 4, split)
 
 
+def block_major_calls(n: int, k: int, rows, dev, gen):
+    """Per row count m of `rows`: (m, run, check) over block-major copies of random MXFP8 weights [n, k] (one copy a
+    call, cold): run(tiles) the calls to time, check(tiles) the first call's error against fp32."""
+    ws = linear_weights(n, k, copies(n * k * MX_BYTES), dev, gen)
+    bms = [(quant.block_major(w[0]), w[1]) for w in ws]
+    for m in rows:
+        xs = [torch.randn(m, k, device=dev, generator=gen).to(torch.bfloat16) for _ in ws]
+        want = F.linear(xs[0].float(), ws[0][2].float())
+        def run(t, xs=xs):  # noqa: E306
+            return [lambda x=x, w=w: mxfp8_linear(x, *w, backend=TRITON, tiles=t) for x, w in zip(xs, bms)]
+        def check(t, x=xs[0], want=want):  # noqa: E306
+            return rel_err(mxfp8_linear(x, *bms[0], backend=TRITON, tiles=t), want)
+        yield m, run, check
+
+
 def sweep_linear_v1_tiles(dev, gen, batches=(4, 16)) -> None:
     """The first kernel (what AUTO runs at 2-32 rows) on block-major weights: the rule's tiles (linear_tiles)
     against the best candidate, each checked against fp32 first."""
     from m3bench.runtime.kernels.mxfp8 import linear_tiles
 
     for name, n, k in V1_LINEARS:
-        ws = linear_weights(n, k, copies(n * k * MX_BYTES), dev, gen)
-        bms = [(quant.block_major(w[0]), w[1]) for w in ws]
         floor_us = n * k * MX_BYTES / peak_bytes_per_s() * 1e6
-        for m in batches:
-            xs = [torch.randn(m, k, device=dev, generator=gen).to(torch.bfloat16) for _ in ws]
-            want = F.linear(xs[0].float(), ws[0][2].float())
-            def run(t):  # noqa: E306
-                return [lambda x=x, w=w: mxfp8_linear(x, *w, backend=TRITON, tiles=t) for x, w in zip(xs, bms)]
-            check = lambda t: rel_err(mxfp8_linear(xs[0], *bms[0], backend=TRITON, tiles=t), want)  # noqa: E731
+        for m, run, check in block_major_calls(n, k, batches, dev, gen):
             rule = linear_tiles(m, n, k)
             rule_us = time_us(run(rule))
             us, t = best_of(v1_linear_candidates(m, n, k), run, check)
@@ -226,15 +234,8 @@ def sweep_gemv_tiles(dev, gen, rows=(1, 2, 4)) -> None:
     from m3bench.runtime.kernels.mxfp8 import linear_tiles
 
     for name, n, k in Shapes().linears:
-        ws = linear_weights(n, k, copies(n * k * MX_BYTES), dev, gen)
-        bms = [(quant.block_major(w[0]), w[1]) for w in ws]
         floor_us = n * k * MX_BYTES / peak_bytes_per_s() * 1e6
-        for m in rows:
-            xs = [torch.randn(m, k, device=dev, generator=gen).to(torch.bfloat16) for _ in ws]
-            want = F.linear(xs[0].float(), ws[0][2].float())
-            def run(t):  # noqa: E306
-                return [lambda x=x, w=w: mxfp8_linear(x, *w, backend=TRITON, tiles=t) for x, w in zip(xs, bms)]
-            check = lambda t: rel_err(mxfp8_linear(xs[0], *bms[0], backend=TRITON, tiles=t), want)  # noqa: E731
+        for m, run, check in block_major_calls(n, k, rows, dev, gen):
             rule = mx_tiles(m, n, k, MxKernel.GEMV)
             rule_us = time_us(run(rule))
             if m == 1:
