@@ -12,8 +12,8 @@ its own copy of the weights (> 150 MB a graph replay, 3x the L2), as a decode st
 activations in and out) at the floor's bandwidth (decode_floor.peak_bytes_per_s: the device's copy rate, measured
 at the start, floor_bandwidth.py; before 2026-12-06 a fixed 4.0 TB/s). Linear rows also print the read ceiling of
 their weight bytes (read_ceiling.py: the fastest kernel that only reads them, timed the same way) and the new
-kernel's time against it: a linear of a few MB cannot reach the copy rate even without arithmetic. "alt": the other new
-kernel (GEMV <-> dot) at batch 1. Error: max |got - want| / max |want| against dequantize-then-matmul in
+kernel's time against it: a linear of a few MB cannot reach the copy rate even without arithmetic. "alt": the other
+new kernel (GEMV <-> dot) at batch 1. Error: max |got - want| / max |want| against dequantize-then-matmul in
 fp32 on the same inputs. Goals (issue 16): >= 75% of the floor; moe-local at batch 16-64 >= 1.7x bf16.
 Rows print as they are measured (a cut-short run still shows them); a kernel that fails reads NaN.
 Exit code: 0 all errors below 2e-2, 1 one is not (or a kernel failed), 2 no GPU (without --tiny).
@@ -202,7 +202,8 @@ def table_line(r: Row) -> str:
 
 def markdown_table(rows: list[Row]) -> str:
     lines = ["| kernel | weights | batch | bf16 us | old us | new us | alt us | new % of floor | read us | "
-             "new % of read | new vs bf16 | new vs old | err new | err old | goal |", "|---|---|---:|" + "---:|" * 11 + "---|"]
+             "new % of read | new vs bf16 | new vs old | err new | err old | goal |",
+             "|---|---|---:|" + "---:|" * 11 + "---|"]
     return "\n".join(lines + [table_line(r) for r in rows])
 
 
@@ -230,9 +231,8 @@ def main(argv=None) -> int:
     if args.markdown:
         args.markdown.write_text(table + "\n")
     if args.json:
-        args.json.write_text(json.dumps([asdict(r) | {"pct_floor": r.pct_floor, "pct_read": r.pct_read, "speedup": r.speedup,
-                                          "goal": goal(r)}
-                                         for r in rows], indent=1))
+        args.json.write_text(json.dumps([asdict(r) | {"pct_floor": r.pct_floor, "pct_read": r.pct_read,
+                                                      "speedup": r.speedup, "goal": goal(r)} for r in rows], indent=1))
     bad = [r for r in rows if not (r.err_new <= MAX_ERR and r.err_old <= MAX_ERR and r.new_us > 0)]  # NaN: failed
     for r in bad:
         print(f"ERROR too large: {r.kernel} {r.fmt} batch {r.batch}: new {r.err_new:.2e} old {r.err_old:.2e}",

@@ -36,8 +36,8 @@ SMS = 132  # H100 / H200
 PER_SM = {"gemv": 6, 16: 3, 32: 2, 64: 3, 128: 2}
 MAX_SPLIT = 16
 # GEMV tiles at one row (benchmarks/mxfp8_speed_sweep.py gemv-tiles, H100, 2026-12-06, block-major weights): BLOCK_K
-# 512 with every split at least two K steps against 1024 and one step: qkv + index 7.0 against 8.3 us, o_proj 4.2
-# against 4.9, dense gate|up 10.9-ish against 12.9; dense down and shared down the same tiles either way
+# 512 with every split at least two K steps against 1024 and one step: qkv + index 6.9 against 8.3 us, o_proj 4.2
+# against 4.9, dense gate|up 11.9 against 12.9, shared gate|up 5.7 against 6.2; dense down and shared down as before
 GEMV_BLOCK_K = 512
 GEMV_MIN_STEPS = 2
 COUNTERS = 1 << 16  # output tiles of one launch, at most

@@ -14,7 +14,8 @@ def bench():
 
 @pytest.mark.parametrize("words, programs, block_w", [(1000, 4, 64), (4096, 8, 128), (777, 3, 256)])
 def test_read_xors_every_word_once(bench, triton_interpreter, words, programs, block_w):
-    src = torch.randint(-(1 << 31), 1 << 31, (words,), dtype=torch.int32, generator=torch.Generator().manual_seed(words))
+    gen = torch.Generator().manual_seed(words)
+    src = torch.randint(-(1 << 31), 1 << 31, (words,), dtype=torch.int32, generator=gen)
     out = torch.zeros(64, dtype=torch.int32)
     bench.read(src, out, programs, block_w, 4)
     want = 0
