@@ -10,9 +10,10 @@ as the fused MoE: "moe-local" (16 local experts of 3072, every pick local: the m
 its own copy of the weights (> 150 MB a graph replay, 3x the L2), as a decode step does across layers.
 % of floor: the new kernel's time against the bytes it must move (weights of the rows or experts read,
 activations in and out) at the floor's bandwidth (decode_floor.peak_bytes_per_s: the device's copy rate, measured
-at the start, floor_bandwidth.py; before 2026-12-06 a fixed 4.0 TB/s). Linear rows also print the read ceiling of
-their weight bytes (read_ceiling.py: the fastest kernel that only reads them, timed the same way) and the new
-kernel's time against it: a linear of a few MB cannot reach the copy rate even without arithmetic. "alt": the other
+at the start, floor_bandwidth.py; before 2026-12-06 a fixed 4.0 TB/s). Every row also prints the read ceiling of
+its weight bytes (read_ceiling.py: the fastest kernel that only reads them, timed the same way; for the MoE the
+routings' mean bytes) and the new kernel's time against it: a linear of a few MB cannot reach the copy rate even
+without arithmetic. "alt": the other
 new kernel (GEMV <-> dot) at batch 1. Error: max |got - want| / max |want| against dequantize-then-matmul in
 fp32 on the same inputs. Goals (issue 16): >= 75% of the floor; moe-local at batch 16-64 >= 1.7x bf16.
 Rows print as they are measured (a cut-short run still shows them); a kernel that fails reads NaN.
@@ -65,7 +66,7 @@ class Row:
     alt_us: float | None
     err_new: float
     err_old: float
-    read_us: float = math.nan  # linears: the read ceiling of the weight bytes (read_ceiling.py)
+    read_us: float = math.nan  # the read ceiling of the weight bytes (read_ceiling.py)
 
     @property
     def pct_floor(self) -> float:
@@ -159,7 +160,8 @@ def moe_row(name: str, ex, n_choice: int, b: int, sh: Shapes, dev, gen) -> list[
         want = fused_moe_ref(**x32, w_gate=deq[0], w_up=deq[1], w_down=deq[2])
         errs = {k: error_of(lambda f=f: f(rs[0]), want) for k, f in impls.items()}
         moved = int(hit * 3 * sh.inter * sh.hidden * wbytes + 4 * b * sh.hidden)
-        out.append(Row(name, fmt, b, moved, bf16_us, us["old"], us["new"], None, errs["new"], errs["old"]))
+        out.append(Row(name, fmt, b, moved, bf16_us, us["old"], us["new"], None, errs["new"], errs["old"],
+                       read_us(int(hit * 3 * sh.inter * sh.hidden * wbytes), dev)[0]))
     return out
 
 
