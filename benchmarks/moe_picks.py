@@ -83,6 +83,11 @@ def measure(x, ex: Experts, tiles, n_local: int, sh: Shapes) -> tuple[float, flo
     return us, floor_us, err
 
 
+def other_downs(rule: MoeTiles) -> list[tuple[int, MoeTiles]]:
+    """The rule's tiles with their down GEMM's K in 1 / 2 / 4 chunks, the rule's own count left out."""
+    return [(d, replace(rule, split_down=d)) for d in (1, 2, 4) if d != rule.split_down]
+
+
 def by_picks(x, fmts: list[Experts], sh: Shapes) -> int:
     """Each format on the unsplit grid and on the decode step's (split) tiles at 0..top_k local picks."""
     bad = 0
@@ -91,7 +96,7 @@ def by_picks(x, fmts: list[Experts], sh: Shapes) -> int:
         unsplit = (mx_moe_tiles(sh.top_k, sh.n_local, sh.inter, sh.hidden) if ex.quantized
                    else moe_tiles(sh.top_k, sh.n_local, sh.inter, sh.hidden, 0, 1))
         rule = first_generation_tiles(1, sh.top_k, sh.n_local, sh.inter, sh.hidden, ex.quantized)
-        downs = [(f"{ex.label}-split-down{d}", replace(rule, split_down=d)) for d in (1, 2, 4) if d != rule.split_down]
+        downs = [(f"{ex.label}-split-down{d}", tiles) for d, tiles in other_downs(rule)]
         for label, tiles in ((ex.label, unsplit), (f"{ex.label}-split", rule), *downs):
             for n_local in range(sh.top_k + 1):
                 us, floor_us, err = measure(x, ex, tiles, n_local, sh)
@@ -106,7 +111,7 @@ def candidates(ex: Experts, sh: Shapes) -> list[tuple[str, MoeTiles]]:
     (plain; quantized 128) x 1-8 K chunks x down N tiles 16 / 32 / 64 with the rule's down chunks (4 warps; 4 stages
     at BLOCK_K 64, else 3), the rule's own left out."""
     rule = first_generation_tiles(1, sh.top_k, sh.n_local, sh.inter, sh.hidden, ex.quantized)
-    out = [("rule", rule)] + [(f"rule down{d}", replace(rule, split_down=d)) for d in (1, 2, 4) if d != rule.split_down]
+    out = [("rule", rule)] + [(f"rule down{d}", tiles) for d, tiles in other_downs(rule)]
     for bn, bk, split, bn_down in itertools.product((32, 64), (128,) if ex.quantized else (64, 128), (1, 2, 4, 8),
                                                     (16, 32, 64)):
         tiles = MoeTiles(16, bn, bk, 4, 4 if bk == 64 else 3, bn_down, split, split, rule.split_down)

@@ -125,9 +125,9 @@ def linear_row(name: str, n: int, k: int, b: int, ws: list, dev, gen) -> Row:
     us = {name_: measure([lambda x=x, w=w, f=f: f(x, w) for x, w in zip(xs, ws)]) for name_, f in impls.items()}
     want = F.linear(xs[0].float(), ws[0][2].float())
     errs = {k_: error_of(lambda f=impls[k_]: f(xs[0], ws[0]), want) for k_ in ("new", "old")}
-    moved = int(n * k * MX_BYTES) + 2 * b * (n + k)
-    return Row(name, "mxfp8", b, moved, us["bf16"], us["old"], us["new"], us.get("alt"), errs["new"], errs["old"],
-               read_us(int(n * k * MX_BYTES), dev)[0])
+    weight_bytes = int(n * k * MX_BYTES)
+    return Row(name, "mxfp8", b, weight_bytes + 2 * b * (n + k), us["bf16"], us["old"], us["new"], us.get("alt"),
+               errs["new"], errs["old"], read_us(weight_bytes, dev)[0])
 
 
 def linear_rows(sh: Shapes, batches, dev, gen) -> list[Row]:
@@ -159,9 +159,9 @@ def moe_row(name: str, ex, n_choice: int, b: int, sh: Shapes, dev, gen) -> list[
         deq = weights["scales"].dequantized(weights["w_gate"], weights["w_up"], weights["w_down"], torch.float32)
         want = fused_moe_ref(**x32, w_gate=deq[0], w_up=deq[1], w_down=deq[2])
         errs = {k: error_of(lambda f=f: f(rs[0]), want) for k, f in impls.items()}
-        moved = int(hit * 3 * sh.inter * sh.hidden * wbytes + 4 * b * sh.hidden)
-        out.append(Row(name, fmt, b, moved, bf16_us, us["old"], us["new"], None, errs["new"], errs["old"],
-                       read_us(int(hit * 3 * sh.inter * sh.hidden * wbytes), dev)[0]))
+        weight_bytes = hit * 3 * sh.inter * sh.hidden * wbytes
+        out.append(Row(name, fmt, b, int(weight_bytes + 4 * b * sh.hidden), bf16_us, us["old"], us["new"], None,
+                       errs["new"], errs["old"], read_us(int(weight_bytes), dev)[0]))
     return out
 
 

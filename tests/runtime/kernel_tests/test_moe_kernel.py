@@ -187,7 +187,7 @@ def test_one_token_without_the_shared_expert_splits_the_routed_experts(monkeypat
 @pytest.mark.parametrize("local", [0, 1, 2])
 def test_one_token_split_routed_experts_match_the_reference(local):
     """One token, top-4 over 16 local experts + other ranks' (-1), 0-2 of them local, on the decode tiles
-    first_generation_tiles gives (split K, the partials summed by the activation kernel): the fp64 reference."""
+    first_generation_tiles gives (split K, the partials summed by the tile's last chunk): the fp64 reference."""
     from m3bench.runtime.kernels.moe import first_generation_tiles
 
     p = _problem(50 + local, n_tok=1, top_k=4, n_exp=16, hidden=256)
