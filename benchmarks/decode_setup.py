@@ -205,6 +205,9 @@ class OpsSet(Enum):
     DOWN2 = "skinny-pdl-side-whole-split-down2"  # ... their down GEMM's K in 2 chunks (ROUTED_SPLIT_DOWN 2): the
     #                                              runtime's default since 2026-12-06 (performance.md 2j)
     DOWN4 = "skinny-pdl-side-whole-split-down4"  # ... in 4 chunks
+    SUM_NORM = "skinny-pdl-side-whole-split-down2-sumnorm"  # down2 + the fused MoE's final sum in the next residual
+    #                                                         add + norm's launch (SparseMoe.sum_in_norm, one rank;
+    #                                                         off by default until timed)
 
     @classmethod
     def runtime(cls) -> "OpsSet":
@@ -255,7 +258,7 @@ def pdl_mode(mode=None):
 def set_ops(model, ops: OpsSet) -> None:
     """Switch the model's fast path to the fused ops of `ops` (TritonBackend.fuse_ops, SparseMoe's
     fuse_router / fuse_shared / fuse_align / fuse_router_input / shared_beside, Attention.fuse_branches /
-    fuse_qkv_heads / index_beside, GatedMLP.fuse_act,
+    fuse_qkv_heads / index_beside, GatedMLP.fuse_act, SparseMoe.sum_in_norm,
     the layers' skinny_rows) and the process to its PDL mode and routed-expert split (kernels.backend.PDL,
     kernels.moe.ROUTED_SPLIT_TOKENS, ROUTED_SPLIT_DOWN; pdl_mode() restores them)."""
     from m3bench.runtime.kernels import moe as moe_kernels
@@ -266,8 +269,8 @@ def set_ops(model, ops: OpsSet) -> None:
 
     fused, fused_v1 = ops.holds(OpsSet.FUSED), ops.holds(OpsSet.FUSED_V1)
     PDL["launch"] = pdl_of(ops)
-    moe_kernels.ROUTED_SPLIT_TOKENS = 1 if ops in (OpsSet.SPLIT, OpsSet.DOWN2, OpsSet.DOWN4) else 0
-    moe_kernels.ROUTED_SPLIT_DOWN = {OpsSet.DOWN2: 2, OpsSet.DOWN4: 4}.get(ops, 1)
+    moe_kernels.ROUTED_SPLIT_TOKENS = 1 if ops in (OpsSet.SPLIT, OpsSet.DOWN2, OpsSet.DOWN4, OpsSet.SUM_NORM) else 0
+    moe_kernels.ROUTED_SPLIT_DOWN = {OpsSet.DOWN2: 2, OpsSet.DOWN4: 4, OpsSet.SUM_NORM: 2}.get(ops, 1)
     if hasattr(model.backend, "fuse_ops"):
         model.backend.fuse_ops = fused_v1
     set_skinny_rows(model, SKINNY_MAX_ROWS if ops.holds(OpsSet.SKINNY) else 0)
@@ -281,6 +284,7 @@ def set_ops(model, ops: OpsSet) -> None:
             layer.mlp.fuse_router = fused_v1
             layer.mlp.fuse_shared = layer.mlp.fuse_align = layer.mlp.fuse_router_input = fused
             layer.mlp.shared_beside = beside_of(ops)
+            layer.mlp.sum_in_norm = ops is OpsSet.SUM_NORM
             if layer.mlp.shared is not None:
                 layer.mlp.shared.fuse_act = ops.holds(OpsSet.SKINNY)
 

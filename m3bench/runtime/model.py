@@ -23,6 +23,7 @@ from m3bench.runtime.attention.metadata import AttnMetadata
 from m3bench.runtime.attention.torch_backend import TorchBackend
 from m3bench.runtime.config import MlpKind, ModelConfig
 from m3bench.runtime.errors import CheckpointError
+from m3bench.runtime.kernels.moe_sum import MoeSum, summed
 from m3bench.runtime.kv_cache import KVCache
 from m3bench.runtime.layers.attention import Attention
 from m3bench.runtime.layers.linear import WeightSlot
@@ -58,19 +59,20 @@ class DecoderLayer(nn.Module):
 
     def forward(self, h: torch.Tensor, cos, sin, meta: AttnMetadata, kv: KVCache, backend) -> torch.Tensor:
         h, delta = self.forward_parts(h, self.input_norm(h), cos, sin, meta, kv, backend)
-        return h + delta
+        return h + summed(delta)
 
     def forward_parts(self, h: torch.Tensor, x: torch.Tensor, cos, sin, meta: AttnMetadata, kv: KVCache,
-                      backend) -> tuple[torch.Tensor, torch.Tensor]:
+                      backend) -> tuple[torch.Tensor, torch.Tensor | MoeSum]:
         """h: the residual stream at the layer's input, x: input_norm(h) -> (the stream after attention,
-        the MLP's output); the caller adds the two (fused with the next norm on the Triton backend)."""
+        the MLP's output); the caller adds the two (fused with the next norm on the Triton backend, which also sums
+        a fused MoE's partials when the MoE leaves them unsummed: kernels/moe_sum.py)."""
         a = self.attn(x, cos, sin, meta, kv, backend)
         kb = kernel_backend_of(backend)
         x_router = self.mlp.router_input(a, kb) if isinstance(self.mlp, SparseMoe) else None
         h, y = self.post_attn_norm.add_forward(h, a, kb, x_router)  # residual add + norm fused (+ router input)
         if not isinstance(self.mlp, SparseMoe):
             return h, self.mlp(y, kb)  # the dense MLP's activation follows the fused ops too
-        return h, self.mlp(y) if x_router is None else self.mlp(y, x_router)
+        return h, self.mlp(y, x_router, defer_sum=True)
 
     def slots(self, prefix: str) -> list[WeightSlot]:
         return [WeightSlot(f"{prefix}input_norm.weight", self.input_norm.weight, None),

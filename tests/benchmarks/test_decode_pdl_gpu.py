@@ -38,7 +38,9 @@ WHOLE = "skinny-pdl-side-whole"  # the whole shared expert beside: its own round
 # MSA index branch on the side lane (its GEMM apart from q|k|v: other splits), both
 FEW_ROWS = ("skinny-pdl-side-whole-heads", "skinny-pdl-side-whole-index", "skinny-pdl-side-whole-heads-index",
             "skinny-pdl-side-whole-split",  # ... and the routed experts splitting K at one token (other sums)
-            "skinny-pdl-side-whole-split-down2")  # ... their down GEMM's K too (the runtime's)
+            "skinny-pdl-side-whole-split-down2",  # ... their down GEMM's K too (the runtime's)
+            "skinny-pdl-side-whole-split-down2-sumnorm")  # ... their sum in the next add + norm's launch
+DOWN2, SUM_NORM = FEW_ROWS[-2:]
 
 
 @pytest.fixture(scope="module")
@@ -231,6 +233,9 @@ def test_pdl_modes_give_identical_decode_steps(bench, weights, kv_dtype):
             bad += _mismatches(runs, case)
             for ops in (WHOLE, *(FEW_ROWS if batch <= 4 else ())):
                 bad += _beside(setup, model, kv, s, batch, ops, runs["skinny"][0], case)
+            if batch <= 4:  # the MoE's sum in the next add + norm's launch: the same sums, so down2's bits
+                bad += _mismatches({SUM_NORM: _replays(setup, model, kv, s, batch, SUM_NORM)}, case,
+                                   _replays(setup, model, kv, s, batch, DOWN2)[0])
     for lane in (MAIN, SIDE):
         assert not split_counters(torch.device("cuda"), lane).any(), f"lane {lane}'s split-K counters left non-zero"
     assert not bad, "\n".join(bad)

@@ -251,7 +251,7 @@ def test_the_runtime_ops_set_is_what_the_runtime_does_by_default(fl, rt):
         for layer in model.layers:
             parts = (layer.attn, layer.mlp, getattr(layer.mlp, "shared", None))
             names = ("fuse_branches", "fuse_qkv_heads", "index_beside", "fuse_act", "fuse_router", "fuse_shared",
-                     "fuse_align", "fuse_router_input", "shared_beside")
+                     "fuse_align", "fuse_router_input", "shared_beside", "sum_in_norm")
             flags += [getattr(p, n, None) for p in parts for n in names]
             flags += [m.skinny_rows for m in layer.modules() if hasattr(m, "skinny_rows")]
         return flags
@@ -293,8 +293,12 @@ def test_pdl_ops_sets_switch_the_process_and_are_restored(fl, rt):
         assert moe.ROUTED_SPLIT_TOKENS == 1 and moe.ROUTED_SPLIT_DOWN == 1
         setup.set_ops(model, setup.OpsSet.DOWN4)
         assert moe.ROUTED_SPLIT_TOKENS == 1 and moe.ROUTED_SPLIT_DOWN == 4
+        setup.set_ops(model, setup.OpsSet.SUM_NORM)
+        assert moe.ROUTED_SPLIT_TOKENS == 1 and moe.ROUTED_SPLIT_DOWN == 2
+        moes = [layer.mlp for layer in model.layers if hasattr(layer.mlp, "sum_in_norm")]
+        assert moes and all(m.sum_in_norm for m in moes)
         setup.set_ops(model, setup.OpsSet.DOWN2)
-        assert moe.ROUTED_SPLIT_DOWN == 2
+        assert moe.ROUTED_SPLIT_DOWN == 2 and not any(m.sum_in_norm for m in moes)
         setup.set_ops(model, setup.OpsSet.SKINNY_PDL_SIDE_WHOLE)  # left unsplit: the exit restores the split
         assert moe.ROUTED_SPLIT_DOWN == 1
     assert PDL["launch"] is before and moe.ROUTED_SPLIT_TOKENS == 1  # the runtime's defaults, restored

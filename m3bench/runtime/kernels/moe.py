@@ -17,8 +17,10 @@ same launches; batches of at most SKINNY_TOKENS tokens then split the gate+up re
 expert, routed experts split K up to ROUTED_SPLIT_TOKENS tokens (first_generation_tiles: one active expert then
 fills the GPU).
 `add` ([T, H] in x's dtype, or a callable giving it) joins the final sum (fp32) where the first-generation
-kernels run (plain experts, or MoeTiles given; the tile-dequantizing ones refuse it): a callable is called right before the sum's launch, so a caller can join a
-side stream (kernels/lanes.py) that made it while the experts ran.
+kernels run (plain experts, or MoeTiles given; the tile-dequantizing ones refuse it): a callable is called right before
+the sum's launch, so a caller can join a side stream (kernels/lanes.py) that made it while the experts ran.
+`defer_sum=True` returns those kernels' result before the sum's launch (kernels/moe_sum.MoeSum), for the residual add +
+norm after the MoE to sum in its own launch (kernels/add_norm.py).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from m3bench.runtime.kernels.moe_align import (  # noqa: F401 (the fused MoE's p
     moe_align_torch,
 )
 from m3bench.runtime.kernels.moe_scales import MoeScales
+from m3bench.runtime.kernels.moe_sum import MoeSum
 from m3bench.runtime.kernels.mx_linear import block_stride, check_counters, split_counters
 from m3bench.runtime.kernels.quant_kernels import QuantKernels, moe_generation
 from m3bench.runtime.kernels.reference import MoeActivation
@@ -238,8 +241,10 @@ def fused_moe(
     shared: SharedExpert | None = None,
     alignment: MoeAlignment | None = None,
     add: torch.Tensor | Callable[[], torch.Tensor] | None = None,
-) -> torch.Tensor:
-    """sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t]) (+ shared(x[t])) (+ add[t]) -> [T, H]."""
+    defer_sum: bool = False,
+) -> torch.Tensor | MoeSum:
+    """sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t]) (+ shared(x[t])) (+ add[t]) -> [T, H]; with
+    defer_sum (and no out) the first-generation kernels return their partials before the sum's launch (MoeSum)."""
     if not use_triton(backend, x):
         if scales is not None:
             w_gate, w_up, w_down = scales.dequantized(w_gate, w_up, w_down, x.dtype)
@@ -274,9 +279,8 @@ def fused_moe(
     weights = topk_weights.reshape(-1).contiguous()
     y = _launch_down(inter, w_down, n_tok * top_k + n_shared, sorted_ids, block_expert, n_post, weights, tiles,
                      scales, shared)
-    out = torch.empty_like(x) if out is None else out
-    _launch_sum(y, ids, out, n_exp, top_k, shared is not None, _addend(add))
-    return out
+    result = MoeSum(y, ids, n_exp, top_k, shared is not None, add, x.dtype)
+    return result if defer_sum and out is None else result.summed(out)
 
 
 def first_generation(scales: MoeScales, w_gate: torch.Tensor) -> bool:
@@ -437,16 +441,3 @@ def down_chunks(n_inter: int, tiles: MoeTiles) -> tuple[int, int]:
         return 1, 0
     k_chunk = math.ceil(n_inter / tiles.split_down / tiles.block_k) * tiles.block_k
     return math.ceil(n_inter / k_chunk), k_chunk
-
-
-def _launch_sum(y, ids, out, n_exp, top_k, shared: bool = False, add: torch.Tensor | None = None):
-    from m3bench.runtime.kernels.moe_triton import moe_sum_kernel
-
-    if add is not None and (add.shape != out.shape or add.stride(-1) != 1):
-        raise ValueError(f"fused_moe: add must be a {tuple(out.shape)} tensor contiguous in its last dim")
-    block_n = min(1024, next_pow2(out.shape[1]))
-    grid = (out.shape[0], math.ceil(out.shape[1] / block_n))
-    moe_sum_kernel[grid](y, ids, out, out if add is None else add, y.stride(1), y.stride(0), out.stride(0),
-                         0 if add is None else add.stride(0), ids.numel(), E=n_exp, H=out.shape[1], TOPK=top_k,
-                         CHUNKS=y.shape[0], BLOCK_N=block_n, SHARED=shared, ADD=add is not None, num_warps=4,
-                         **pdl_args(out))

@@ -247,18 +247,13 @@ def moe_down_kernel(
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
 
 
-@triton.jit(do_not_specialize=["n_routed"])
-def moe_sum_kernel(
-    y_ptr, ids_ptr, out_ptr, add_ptr, s_yp, s_ys, s_ot, s_at, n_routed, E: tl.constexpr, H: tl.constexpr,
-    TOPK: tl.constexpr, CHUNKS: tl.constexpr, BLOCK_N: tl.constexpr, SHARED: tl.constexpr, ADD: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    """out[t, n] = sum over k with a local expert of y[c, t * TOPK + k, n] over the down GEMM's CHUNKS chunks c (+ the
-    shared expert's row y[0, n_routed + t] with SHARED, one chunk) (+ add[t, n] with ADD), in fp32, in that order;
-    grid (T, cdiv(H, BLOCK_N))."""
-    pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
-    t = tl.program_id(0).to(tl.int64)
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+@triton.jit
+def moe_partials_sum(y_ptr, ids_ptr, add_ptr, t, n, s_yp, s_ys, s_at, n_routed, E: tl.constexpr, H: tl.constexpr,
+                     TOPK: tl.constexpr, CHUNKS: tl.constexpr, SHARED: tl.constexpr, ADD: tl.constexpr,
+                     BLOCK_N: tl.constexpr):
+    """Token t's columns n of a fused MoE's result, fp32: sum over k with a local expert of y[c, t * TOPK + k, n] over
+    the down GEMM's CHUNKS chunks c (+ the shared expert's row y[0, n_routed + t] with SHARED, one chunk) (+ add[t, n]
+    with ADD), in that order, over BLOCK_N columns n (moe_sum_kernel's, and add_norm_triton's MoE variant's)."""
     acc = tl.zeros([BLOCK_N], tl.float32)
     for k in range(TOPK):
         e = tl.load(ids_ptr + t * TOPK + k)
@@ -269,4 +264,19 @@ def moe_sum_kernel(
         acc += tl.load(y_ptr + (n_routed + t) * s_yp + n, mask=n < H, other=0.0).to(tl.float32)
     if ADD:
         acc += tl.load(add_ptr + t * s_at + n, mask=n < H, other=0.0).to(tl.float32)
+    return acc
+
+
+@triton.jit(do_not_specialize=["n_routed"])
+def moe_sum_kernel(
+    y_ptr, ids_ptr, out_ptr, add_ptr, s_yp, s_ys, s_ot, s_at, n_routed, E: tl.constexpr, H: tl.constexpr,
+    TOPK: tl.constexpr, CHUNKS: tl.constexpr, BLOCK_N: tl.constexpr, SHARED: tl.constexpr, ADD: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """out[t, n] = moe_partials_sum in out's dtype; grid (T, cdiv(H, BLOCK_N))."""
+    pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
+    t = tl.program_id(0).to(tl.int64)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = moe_partials_sum(y_ptr, ids_ptr, add_ptr, t, n, s_yp, s_ys, s_at, n_routed, E, H, TOPK, CHUNKS, SHARED, ADD,
+                           BLOCK_N)
     tl.store(out_ptr + t * s_ot + n, acc.to(out_ptr.dtype.element_ty), mask=n < H)

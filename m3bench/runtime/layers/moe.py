@@ -46,6 +46,7 @@ from m3bench.runtime.kernels.moe import (
     first_generation_tiles,
     fused_moe,
 )
+from m3bench.runtime.kernels.moe_sum import MoeSum
 from m3bench.runtime.kernels.router import router_align_supported, router_topk, router_topk_align, router_topk_supported
 from m3bench.runtime.layers.activation import split_gate_up
 from m3bench.runtime.layers.linear import SKINNY_ROWS, WeightSlot, linear
@@ -73,6 +74,10 @@ class SharedBeside(Enum):
 # skinny-pdl-side skinny-pdl-side-whole, 2026-12-04): B1 realistic 4.604 / 4.422 / 4.331 ms, B4 realistic 7.333 /
 # 7.036 / 6.927, B1 all-local 9.817 / 9.518 / 9.533; B16 and B64 unchanged (the shared expert is fused there).
 SHARED_BESIDE = SharedBeside.WHOLE
+# One rank (no all-reduce after the MoE): the fused MoE's final sum runs inside the next residual add + norm's launch
+# (kernels/moe_sum.py; the same bits, a launch fewer a MoE layer). Under TP the sum stays before the all-reduce (a
+# deployment fuses it there: TensorRT-LLM's MoE finalize + all-reduce + add + norm). Off until a GPU has timed it.
+SUM_IN_NORM = False
 
 
 def route(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, top_k: int,
@@ -127,6 +132,7 @@ class SparseMoe(nn.Module):
         self.fuse_align = True  # <= 16 tokens: the router epilogue also aligns the picks for the fused MoE (one launch)
         self.fuse_router_input = True  # the post-attention add + norm also writes the router's fp32 input (no cast)
         self.shared_beside = SHARED_BESIDE  # the shared expert (not fused) beside the router: SharedBeside
+        self.sum_in_norm = SUM_IN_NORM  # one rank: the fused MoE's sum in the next add + norm's launch (forward's defer_sum)
         self.skinny_rows = SKINNY_ROWS  # the router GEMM at up to this many rows: kernels.skinny (layers.linear)
         inter = m.intermediate_size  # routed experts are whole on their rank (expert parallelism)
         self.first_expert, local = self.ep.expert_range(m.num_experts)
@@ -140,10 +146,13 @@ class SparseMoe(nn.Module):
         self.shared = (GatedMLP(hidden, m.shared_intermediate_size, act, alpha, limit, dtype, device, tp,
                                 reduce=False) if m.shared_intermediate_size else None)
 
-    def forward(self, x: torch.Tensor, x_router: torch.Tensor | None = None) -> torch.Tensor:
-        """x [T, H] -> [T, H]; x_router: x in the router's dtype when the caller has it (router_input)."""
+    def forward(self, x: torch.Tensor, x_router: torch.Tensor | None = None, defer_sum: bool = False
+                ) -> torch.Tensor | MoeSum:
+        """x [T, H] -> [T, H]; x_router: x in the router's dtype when the caller has it (router_input); defer_sum: the
+        caller takes the fused MoE's partials unsummed where `sum_in_norm` and one rank allow (kernels/moe_sum.py)."""
         if self.exchange is None and self.align_fusable(x):
-            return self.tp.all_reduce(self.routed_and_aligned(x, x_router)).to(x.dtype)
+            y = self.routed_and_aligned(x, x_router, defer_sum and self.sum_in_norm and self.tp.world == 1)
+            return y if isinstance(y, MoeSum) else self.tp.all_reduce(y).to(x.dtype)
         w, ids = route(x, self.router_weight, self.router_bias, self.m.top_k, self.m.routed_scaling_factor,
                        self.kernel_backend if self.fuse_router else KernelBackend.TORCH, x_router, self.skinny_rows)
         local = ids - self.first_expert if self.first_expert else ids  # local expert ids
@@ -181,8 +190,10 @@ class SparseMoe(nn.Module):
             return None
         return torch.empty(like.shape, dtype=torch.float32, device=like.device)
 
-    def routed_and_aligned(self, x: torch.Tensor, x_router: torch.Tensor | None = None) -> torch.Tensor:
-        """route + fused experts (+ the shared expert when fusable) with the alignment made by the router's kernel."""
+    def routed_and_aligned(self, x: torch.Tensor, x_router: torch.Tensor | None = None, defer_sum: bool = False
+                           ) -> torch.Tensor | MoeSum:
+        """route + fused experts (+ the shared expert when fusable) with the alignment made by the router's kernel;
+        defer_sum: the partials unsummed (MoeSum) where the fused MoE's sum is the layer's last launch."""
         shared = self.shared_expert() if self.shared_fusable(x) else None
         tiles = self.expert_tiles(x, shared)
         beside = SharedBeside.OFF if shared is not None or self.shared is None else self.shared_beside
@@ -198,10 +209,11 @@ class SparseMoe(nn.Module):
                 side.join(part)
                 return part
 
-            return self.fused_experts(x, w, ids, shared, alignment, tiles, add=joined)
-        y = self.fused_experts(x, w, ids, shared, alignment, tiles)
+            return self.fused_experts(x, w, ids, shared, alignment, tiles, add=joined, defer_sum=defer_sum)
+        last = shared is not None or self.shared is None  # no shared expert's down GEMM after the sum
+        y = self.fused_experts(x, w, ids, shared, alignment, tiles, defer_sum=defer_sum and last)
         side.join(part)
-        return self.shared_added(x, y, part) if shared is None and self.shared is not None else y
+        return y if last else self.shared_added(x, y, part)
 
     def expert_tiles(self, x: torch.Tensor, shared: SharedExpert | None) -> MoeTiles:
         """The fused MoE's tiles for x [T, H]: what fused_moe picks for first-generation experts (the only ones the
@@ -236,14 +248,15 @@ class SparseMoe(nn.Module):
         return self.torch_experts(x, w, ids)
 
     def fused_experts(self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, shared: SharedExpert | None = None,
-                      alignment: MoeAlignment | None = None, tiles: MoeTiles | None = None, add=None) -> torch.Tensor:
+                      alignment: MoeAlignment | None = None, tiles: MoeTiles | None = None, add=None,
+                      defer_sum: bool = False) -> torch.Tensor | MoeSum:
         """The fused Triton MoE (fp32 accumulation inside; result in x's dtype), the shared expert in it when given,
-        + add (kernels.moe.fused_moe's) in its final sum."""
+        + add (kernels.moe.fused_moe's) in its final sum (left unlaunched with defer_sum: MoeSum)."""
         inter = self.w_gate_up.shape[1] // 2
         return fused_moe(x.contiguous(), self.w_gate_up[:, :inter], self.w_gate_up[:, inter:], self.w_down,
                          ids, w, MoeActivation(self.act.value), self.alpha, self.limit,
                          backend=KernelBackend.TRITON, tiles=tiles, scales=self.expert_scales(), shared=shared,
-                         alignment=alignment, add=add)
+                         alignment=alignment, add=add, defer_sum=defer_sum)
 
     def expert_scales(self) -> MoeScales | None:
         """The experts' block scales as the fused MoE takes them (None: plain weights)."""

@@ -10,6 +10,7 @@ from torch import nn
 from m3bench.runtime.config import NormKind
 from m3bench.runtime.kernels.add_norm import add_norm_supported, add_rms_norm_fused
 from m3bench.runtime.kernels.backend import KernelBackend, use_triton
+from m3bench.runtime.kernels.moe_sum import MoeSum, summed
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -27,14 +28,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, kind: NormKind) 
     return y.to(x.dtype)
 
 
-def add_rms_norm(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float, kind: NormKind,
+def add_rms_norm(residual: torch.Tensor, x: torch.Tensor | MoeSum, weight: torch.Tensor, eps: float, kind: NormKind,
                  backend: KernelBackend = KernelBackend.TORCH, y32_out: torch.Tensor | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(h, norm(h)) with h = residual + x; y32_out (fp32 [T, H]) also receives norm(h) widened."""
-    if use_triton(backend, x) and add_norm_supported(residual, x):
-        return add_rms_norm_fused(residual.contiguous(), x.contiguous(), weight, eps, kind is NormKind.GEMMA,
-                                  y32_out=y32_out)
-    h = residual + x
+    """(h, norm(h)) with h = residual + x; y32_out (fp32 [T, H]) also receives norm(h) widened. x may be a fused MoE's
+    partials (kernels/moe_sum.MoeSum): summed in the fused kernel's launch, else by their own sum launch first."""
+    if use_triton(backend, residual) and add_norm_supported(residual, x):
+        return add_rms_norm_fused(residual.contiguous(), x if isinstance(x, MoeSum) else x.contiguous(), weight, eps,
+                                  kind is NormKind.GEMMA, y32_out=y32_out)
+    h = residual + summed(x)
     y = rms_norm(h, weight, eps, kind)
     if y32_out is not None:
         y32_out.copy_(y)
@@ -57,7 +59,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.weight, self.eps, self.kind)
 
-    def add_forward(self, residual: torch.Tensor, x: torch.Tensor, backend: KernelBackend = KernelBackend.TORCH,
+    def add_forward(self, residual: torch.Tensor, x: torch.Tensor | MoeSum, backend: KernelBackend = KernelBackend.TORCH,
                     y32_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(residual + x, this norm of it), fused on the Triton backend (y32_out: the norm widened too)."""
         return add_rms_norm(residual, x, self.weight, self.eps, self.kind, backend, y32_out)

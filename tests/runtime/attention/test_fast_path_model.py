@@ -9,6 +9,7 @@ from m3bench.runtime.attention.metadata import build_attn_metadata
 from m3bench.runtime.attention.torch_backend import TorchBackend
 from m3bench.runtime.attention.triton_backend import TritonBackend
 from m3bench.runtime.kernels.backend import KernelBackend
+from m3bench.runtime.kernels.moe_sum import summed
 from m3bench.runtime.kv_cache import KVCache, KVDtype
 from m3bench.runtime.layers.moe import SparseMoe
 from m3bench.runtime.model import M3ForCausalLM
@@ -155,7 +156,8 @@ def test_post_attention_norm_hands_the_router_its_fp32_input(monkeypatch):
     layer.mlp.kernel_backend = KernelBackend.TRITON
     seen = []
     real = SparseMoe.forward
-    monkeypatch.setattr(SparseMoe, "forward", lambda self, y, xr=None: seen.append(xr is not None) or real(self, y, xr))
+    monkeypatch.setattr(SparseMoe, "forward",
+                        lambda self, y, xr=None, **kw: seen.append(xr is not None) or real(self, y, xr, **kw))
     outs = []
     for on in (True, False):
         layer.mlp.fuse_router_input = on
@@ -163,6 +165,7 @@ def test_post_attention_norm_hands_the_router_its_fp32_input(monkeypatch):
         meta = build_attn_metadata([3], [3], [[0]], P)
         h = torch.randn(3, cfg.hidden_size, generator=torch.Generator().manual_seed(14)).bfloat16()
         cos, sin = model.rope.cos_sin(meta.positions)
-        outs.append(layer.forward_parts(h, layer.input_norm(h), cos, sin, meta, kv, model.backend))
+        h, delta = layer.forward_parts(h, layer.input_norm(h), cos, sin, meta, kv, model.backend)
+        outs.append((h, summed(delta)))  # the MoE's partials, unsummed on one rank (kernels/moe_sum.py)
     assert seen == [True, False]
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])

@@ -235,6 +235,13 @@ def record_fused(caches, x3):
     h = torch.randn(64, 6144).to(torch.bfloat16)
     add_rms_norm_fused(h, h, torch.zeros(6144, dtype=torch.bfloat16), 1e-6, True)
     add_rms_norm_fused(h, h, torch.zeros(6144, dtype=torch.bfloat16), 1e-6, True, y32_out=torch.empty(64, 6144))
+    from m3bench.runtime.kernels.moe_sum import MoeSum
+
+    for n_tok, chunks, shared in ((1, 2, False), (4, 1, True)):  # a fused MoE's sum in the add + norm: B1 split
+        ids = torch.randint(-1, 16, (4 * n_tok,), dtype=torch.int32)  # down (shared beside, its add), B4 shared inside
+        s = MoeSum(torch.empty(chunks, 5 * n_tok, 6144), ids, 16, 4, shared, None if shared else h[:n_tok],
+                   torch.bfloat16)
+        add_rms_norm_fused(h[:n_tok], s, torch.zeros(6144, dtype=torch.bfloat16), 1e-6, True)
     from m3bench.runtime.kernels.gated_act import gated_act
     from m3bench.runtime.kernels.reference import MoeActivation
 

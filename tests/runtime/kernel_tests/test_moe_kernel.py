@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from launch_counts import recorded_launches
 
 from m3bench.runtime.kernels.backend import KernelBackend
 from m3bench.runtime.kernels.moe import MoeActivation, MoeTiles, fused_moe, moe_align
@@ -210,18 +211,7 @@ def test_split_gate_up_meets_in_its_kernel_and_repeats(monkeypatch, with_shared)
     from m3bench.runtime.kernels.moe import MoeTiles, first_generation_tiles
     from m3bench.runtime.kernels.mx_linear import split_counters
 
-    launches = []
-
-    class Counting:
-        def __init__(self, name, kernel):
-            self.name, self.kernel = name, kernel
-
-        def __getitem__(self, grid):
-            launches.append(self.name)
-            return self.kernel[grid]
-
-    for name in [n for n in dir(moe_triton) if n.endswith("_kernel")]:
-        monkeypatch.setattr(moe_triton, name, Counting(name, getattr(moe_triton, name)))
+    launches = recorded_launches(monkeypatch, (moe_triton,))
     n_tok = 3 if with_shared else 1
     p = _problem(70 + with_shared, n_tok=n_tok, top_k=4, n_exp=8, hidden=256, inter=96)
     p["topk_ids"][0] = torch.tensor([1, 5, -1, 6], dtype=p["topk_ids"].dtype)
@@ -289,18 +279,7 @@ def test_down_gemm_split_k_chunks_summed_by_the_sum_kernel(monkeypatch, local, s
     monkeypatch.setattr(moe, "ROUTED_SPLIT_DOWN", split_down)
     tiles = first_generation_tiles(1, 4, 8, 320, 256, False)
     assert tiles.split_down == min(split_down, 3) and tiles.split_k > 1
-    launches = []
-
-    class Counting:
-        def __init__(self, name, kernel):
-            self.name, self.kernel = name, kernel
-
-        def __getitem__(self, grid):
-            launches.append((self.name, grid))
-            return self.kernel[grid]
-
-    for name in ("moe_down_kernel", "moe_sum_kernel"):
-        monkeypatch.setattr(moe_triton, name, Counting(name, getattr(moe_triton, name)))
+    launches = recorded_launches(monkeypatch, (moe_triton,), ("moe_down_kernel", "moe_sum_kernel"), grids=True)
     out = torch.full_like(p["x"], float("nan"))
     fused_moe(**p, out=out, backend=KernelBackend.TRITON, tiles=tiles)
     assert [n for n, _ in launches] == ["moe_down_kernel", "moe_sum_kernel"] and launches[0][1][2] == chunks
