@@ -207,7 +207,7 @@ class OpsSet(Enum):
     DOWN4 = "skinny-pdl-side-whole-split-down4"  # ... in 4 chunks
     SUM_NORM = "skinny-pdl-side-whole-split-down2-sumnorm"  # down2 + the fused MoE's final sum in the next residual
     #                                                         add + norm's launch (SparseMoe.sum_in_norm, one rank;
-    #                                                         off by default until timed)
+    #                                                         off by default: performance.md 2l)
 
     @classmethod
     def runtime(cls) -> "OpsSet":

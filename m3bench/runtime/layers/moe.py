@@ -76,7 +76,9 @@ class SharedBeside(Enum):
 SHARED_BESIDE = SharedBeside.WHOLE
 # One rank (no all-reduce after the MoE): the fused MoE's final sum runs inside the next residual add + norm's launch
 # (kernels/moe_sum.py; the same bits, a launch fewer a MoE layer). Under TP the sum stays before the all-reduce (a
-# deployment fuses it there: TensorRT-LLM's MoE finalize + all-reduce + add + norm). Off until a GPU has timed it.
+# deployment fuses it there: TensorRT-LLM's MoE finalize + all-reduce + add + norm). Off: the H100's 37-layer rank step
+# did not gain (2026-12-06, performance.md 2l: B1 realistic 2.882 / 2.879 ms, B4 5.125 / 5.108; MXFP8 60 layers B1
+# 8.329 / 8.377); an H200 has not run it.
 SUM_IN_NORM = False
 
 
