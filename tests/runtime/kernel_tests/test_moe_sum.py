@@ -9,10 +9,13 @@ from m3bench.runtime.config import NormKind
 from m3bench.runtime.kernels import add_norm_triton, moe_triton
 from m3bench.runtime.kernels.add_norm import add_rms_norm_fused
 from m3bench.runtime.kernels.backend import KernelBackend
-from m3bench.runtime.kernels.moe import MoeTiles, SharedExpert, first_generation_tiles, fused_moe
+from m3bench.runtime.kernels.moe import MoeTiles, first_generation_tiles, fused_moe
 from m3bench.runtime.kernels.moe_sum import MoeSum, summed
 from m3bench.runtime.kernels.reference import MoeActivation, fused_moe_ref
 from m3bench.runtime.layers.norm import add_rms_norm
+
+from .test_moe_kernel import _problem as moe_problem
+from .test_moe_kernel import _shared
 
 pytestmark = pytest.mark.usefixtures("triton_interpreter")
 
@@ -20,20 +23,14 @@ HIDDEN, INTER, N_EXP = 256, 320, 8
 
 
 def _problem(seed, n_tok, local, dtype):
+    """test_moe_kernel's problem at these sizes, top-4, with `local` distinct local picks a token (the rest another
+    rank's)."""
+    p = moe_problem(seed, n_tok=n_tok, top_k=4, n_exp=N_EXP, hidden=HIDDEN, inter=INTER, dtype=dtype)
     g = torch.Generator().manual_seed(seed)
-    rnd = lambda *s: torch.randn(*s, generator=g).to(dtype)  # noqa: E731
-    ids = torch.full((n_tok, 4), -1, dtype=torch.int32)
+    p["topk_ids"] = torch.full((n_tok, 4), -1, dtype=torch.int32)
     for t in range(n_tok):
-        ids[t, :local] = torch.randperm(N_EXP, generator=g)[:local]
-    return {"x": rnd(n_tok, HIDDEN) * 2, "w_gate": rnd(N_EXP, INTER, HIDDEN) * 0.5,
-            "w_up": rnd(N_EXP, INTER, HIDDEN) * 0.5, "w_down": rnd(N_EXP, HIDDEN, INTER) * 0.2, "topk_ids": ids,
-            "topk_weights": torch.rand(n_tok, 4, generator=g) + 0.1}
-
-
-def _shared(seed, dtype):
-    g = torch.Generator().manual_seed(seed)
-    rnd = lambda *s: torch.randn(*s, generator=g).to(dtype)  # noqa: E731
-    return SharedExpert(rnd(64, HIDDEN) * 0.5, rnd(64, HIDDEN) * 0.5, rnd(HIDDEN, 64) * 0.2)
+        p["topk_ids"][t, :local] = torch.randperm(N_EXP, generator=g)[:local]
+    return p
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -43,7 +40,7 @@ def test_the_sum_in_the_add_norm_launch_gives_the_sum_kernels_bits(monkeypatch, 
     shared expert beside), or three tokens with the shared expert inside: the deferred sum in the add + norm's launch
     gives the bits of the sum kernel followed by the add + norm; the MoE is align, gate|up, down, and one launch."""
     p = _problem(7 * n_tok + local, n_tok, local, dtype)
-    shared = _shared(3, dtype) if inside else None
+    shared = _shared(3, hidden=HIDDEN, inter=64, dtype=dtype) if inside else None
     tiles = (MoeTiles(16, 32, 64, block_n_down=16, split_k=4, split_k_routed=2) if inside
              else first_generation_tiles(1, 4, N_EXP, INTER, HIDDEN, False))
     assert tiles.split_down == 2 or inside
