@@ -208,6 +208,8 @@ class OpsSet(Enum):
     SUM_NORM = "skinny-pdl-side-whole-split-down2-sumnorm"  # down2 + the fused MoE's final sum in the next residual
     #                                                         add + norm's launch (SparseMoe.sum_in_norm, one rank;
     #                                                         off by default: performance.md 2l)
+    GEMV = "skinny-pdl-side-whole-split-down2-gemv"  # down2 + one token's routed experts as GEMVs (kernels/moe_gemv.py,
+    #                                                kernels.moe.ROUTED_GEMV_FMTS plain and MXFP8; off by default)
 
     @classmethod
     def runtime(cls) -> "OpsSet":
@@ -241,18 +243,18 @@ def beside_of(ops: OpsSet):
 def pdl_mode(mode=None):
     """Inside: the process-wide PDL switch (kernels.backend.PDL) set to `mode` (None: left as it is, though set_ops
     may change it); restored after, with the routed experts' split (kernels.moe.ROUTED_SPLIT_TOKENS, ROUTED_SPLIT_DOWN)
-    set_ops may change too."""
+    and GEMVs (ROUTED_GEMV_FMTS) set_ops may change too."""
     from m3bench.runtime.kernels.backend import PDL
 
     from m3bench.runtime.kernels import moe
 
-    before, split, down = PDL["launch"], moe.ROUTED_SPLIT_TOKENS, moe.ROUTED_SPLIT_DOWN
+    before, split, down, gemv = PDL["launch"], moe.ROUTED_SPLIT_TOKENS, moe.ROUTED_SPLIT_DOWN, moe.ROUTED_GEMV_FMTS
     if mode is not None:
         PDL["launch"] = mode
     try:
         yield
     finally:
-        PDL["launch"], moe.ROUTED_SPLIT_TOKENS, moe.ROUTED_SPLIT_DOWN = before, split, down
+        PDL["launch"], moe.ROUTED_SPLIT_TOKENS, moe.ROUTED_SPLIT_DOWN, moe.ROUTED_GEMV_FMTS = before, split, down, gemv
 
 
 def set_ops(model, ops: OpsSet) -> None:
@@ -260,7 +262,7 @@ def set_ops(model, ops: OpsSet) -> None:
     fuse_router / fuse_shared / fuse_align / fuse_router_input / shared_beside, Attention.fuse_branches /
     fuse_qkv_heads / index_beside, GatedMLP.fuse_act, SparseMoe.sum_in_norm,
     the layers' skinny_rows) and the process to its PDL mode and routed-expert split (kernels.backend.PDL,
-    kernels.moe.ROUTED_SPLIT_TOKENS, ROUTED_SPLIT_DOWN; pdl_mode() restores them)."""
+    kernels.moe.ROUTED_SPLIT_TOKENS, ROUTED_SPLIT_DOWN, ROUTED_GEMV_FMTS; pdl_mode() restores them)."""
     from m3bench.runtime.kernels import moe as moe_kernels
     from m3bench.runtime.kernels.backend import PDL
     from m3bench.runtime.kernels.skinny import SKINNY_MAX_ROWS
@@ -269,8 +271,10 @@ def set_ops(model, ops: OpsSet) -> None:
 
     fused, fused_v1 = ops.holds(OpsSet.FUSED), ops.holds(OpsSet.FUSED_V1)
     PDL["launch"] = pdl_of(ops)
-    moe_kernels.ROUTED_SPLIT_TOKENS = 1 if ops in (OpsSet.SPLIT, OpsSet.DOWN2, OpsSet.DOWN4, OpsSet.SUM_NORM) else 0
-    moe_kernels.ROUTED_SPLIT_DOWN = {OpsSet.DOWN2: 2, OpsSet.DOWN4: 4, OpsSet.SUM_NORM: 2}.get(ops, 1)
+    split_sets = (OpsSet.SPLIT, OpsSet.DOWN2, OpsSet.DOWN4, OpsSet.SUM_NORM, OpsSet.GEMV)
+    moe_kernels.ROUTED_SPLIT_TOKENS = 1 if ops in split_sets else 0
+    moe_kernels.ROUTED_SPLIT_DOWN = {OpsSet.DOWN2: 2, OpsSet.DOWN4: 4, OpsSet.SUM_NORM: 2, OpsSet.GEMV: 2}.get(ops, 1)
+    moe_kernels.ROUTED_GEMV_FMTS = frozenset({0, 1}) if ops is OpsSet.GEMV else frozenset()
     if hasattr(model.backend, "fuse_ops"):
         model.backend.fuse_ops = fused_v1
     set_skinny_rows(model, SKINNY_MAX_ROWS if ops.holds(OpsSet.SKINNY) else 0)

@@ -3,7 +3,7 @@ MoE's time against that many experts' bytes at the floor. At B1 a rank has no lo
 one in ~33% (16 of 128 experts), so the 0- and 1-pick rows are what the realistic decode step pays.
 
     python benchmarks/moe_picks.py            # H100 / H200, < 1 min: bf16 and MXFP8 (block-major) experts
-    python benchmarks/moe_picks.py --sweep    # ~1 min: one-token split tiles at one local pick, the best six
+    python benchmarks/moe_picks.py --sweep    # ~2 min: one-token split tiles and GEMVs at one local pick, the best six
                                               #   (and the rule's) at 0-3 picks, a B1 mix (0.59 / 0.33 / 0.07 / 0.01)
     TRITON_INTERPRET=1 python benchmarks/moe_picks.py --tiny     # CPU smoke run (tiny shapes)
 
@@ -11,7 +11,8 @@ The rows bf16-split / mxfp8-split run the decode step's tiles (kernels.moe.first
 pairs over 16 experts, the shared expert beside: routed_split_tiles / mx_split_tiles at ROUTED_SPLIT_TOKENS 1, the
 default, their down GEMM's K in ROUTED_SPLIT_DOWN chunks), -split-down1 / -down2 / -down4 the same with the down
 GEMM's K whole / in 2 / 4 chunks (those other than the rule's), bf16 / mxfp8 the unsplit grid (moe_tiles /
-mx_moe_tiles, what ROUTED_SPLIT_TOKENS 0 runs); each call's picks name other experts than the call before (cold
+mx_moe_tiles, what ROUTED_SPLIT_TOKENS 0 runs), bf16-gemv / mxfp8-gemv the one-token GEMVs (kernels/moe_gemv.py,
+gemv_tiles: what ROUTED_GEMV_FMTS turns on); each call's picks name other experts than the call before (cold
 weights: 16 experts are 1.8 GB in bf16). Times: all calls in one CUDA graph, replayed (kernels_gpu.time_us); floor:
 the picked experts' bytes at the device's copy rate (floor_bandwidth.py). Checked first against the fp32 reference
 at each pick count.
@@ -35,7 +36,7 @@ from mxfp8_gpu import MX_BYTES, TINY, Shapes, make_experts, rel_err
 from mxfp8_speed_sweep import block_major_experts
 
 from m3bench.runtime.kernels.backend import KernelBackend
-from m3bench.runtime.kernels.moe import MoeTiles, first_generation_tiles, fused_moe, moe_tiles, mx_moe_tiles
+from m3bench.runtime.kernels.moe import MoeTiles, first_generation_tiles, fused_moe, gemv_tiles, moe_tiles, mx_moe_tiles
 from m3bench.runtime.kernels.reference import fused_moe_ref
 
 TRITON = KernelBackend.TRITON
@@ -97,7 +98,8 @@ def by_picks(x, fmts: list[Experts], sh: Shapes) -> int:
                    else moe_tiles(sh.top_k, sh.n_local, sh.inter, sh.hidden, 0, 1))
         rule = first_generation_tiles(1, sh.top_k, sh.n_local, sh.inter, sh.hidden, ex.quantized)
         downs = [(f"{ex.label}-split-down{d}", tiles) for d, tiles in other_downs(rule)]
-        for label, tiles in ((ex.label, unsplit), (f"{ex.label}-split", rule), *downs):
+        gemv = (f"{ex.label}-gemv", gemv_tiles(sh.inter, sh.hidden))
+        for label, tiles in ((ex.label, unsplit), (f"{ex.label}-split", rule), *downs, gemv):
             for n_local in range(sh.top_k + 1):
                 us, floor_us, err = measure(x, ex, tiles, n_local, sh)
                 bad += err > 2e-2
@@ -109,7 +111,8 @@ def by_picks(x, fmts: list[Experts], sh: Shapes) -> int:
 def candidates(ex: Experts, sh: Shapes) -> list[tuple[str, MoeTiles]]:
     """The rule's split tiles, with its down GEMM's K in 1 / 2 / 4 chunks, then BLOCK_N 32 / 64 x BLOCK_K 64 / 128
     (plain; quantized 128) x 1-8 K chunks x down N tiles 16 / 32 / 64 with the rule's down chunks (4 warps; 4 stages
-    at BLOCK_K 64, else 3), the rule's own left out."""
+    at BLOCK_K 64, else 3), the rule's own left out; then the one-token GEMVs (16 rows a tile, one stage) at BLOCK_K
+    256 / 512 x gate|up K in 1 / 2 / 4 pieces x down K in 1 / 2 / 4 chunks x 4 / 8 warps."""
     rule = first_generation_tiles(1, sh.top_k, sh.n_local, sh.inter, sh.hidden, ex.quantized)
     out = [("rule", rule)] + [(f"rule down{d}", tiles) for d, tiles in other_downs(rule)]
     for bn, bk, split, bn_down in itertools.product((32, 64), (128,) if ex.quantized else (64, 128), (1, 2, 4, 8),
@@ -117,6 +120,10 @@ def candidates(ex: Experts, sh: Shapes) -> list[tuple[str, MoeTiles]]:
         tiles = MoeTiles(16, bn, bk, 4, 4 if bk == 64 else 3, bn_down, split, split, rule.split_down)
         if sh.hidden % (split * bk) == 0 and tiles != rule:
             out.append((f"bn{bn} bk{bk} split{split} down{bn_down}", tiles))
+    for bk, split, down, warps in itertools.product((256, 512), (1, 2, 4), (1, 2, 4), (4, 8)):
+        tiles = MoeTiles(16, 16, bk, warps, 1, 16, split, split, down, gemv=True)
+        if sh.hidden % (split * bk) == 0 and sh.inter % bk == 0:
+            out.append((f"gemv bk{bk} split{split} down{down} w{warps}", tiles))
     return out
 
 

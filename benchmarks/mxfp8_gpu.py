@@ -193,11 +193,13 @@ def run_checks(sh: Shapes, dev, gen) -> dict[str, float]:
 
 def decode_step_rows(layers_bf16: int, layers_mx: int, batches: tuple[int, ...], ctx: int, dev,
                      formats: tuple[str, ...] = ("plain", "mxfp8", "nvfp4-experts"),
-                     routed_splits: tuple[int, ...] = (), routed_downs: tuple[int, ...] = ()) -> list[dict]:
+                     routed_splits: tuple[int, ...] = (), routed_downs: tuple[int, ...] = (),
+                     routed_gemvs: tuple[int, ...] = ()) -> list[dict]:
     """Step ms of the TP8/EP8 rank model (decode_step.py's shapes) in bf16, MXFP8 (row- and block-major) and
     NVFP4-expert weights (the ModelOpt release's mix: NVFP4 routed experts, MXFP8 block-major elsewhere), packed
     and with the experts' codes held as e4m3 bytes (runtime.nv_codes); each batch under every
-    kernels.moe.ROUTED_SPLIT_TOKENS of `routed_splits` x ROUTED_SPLIT_DOWN of `routed_downs` (each default: the
+    kernels.moe.ROUTED_SPLIT_TOKENS of `routed_splits` x ROUTED_SPLIT_DOWN of `routed_downs` x one token's routed
+    experts as GEMVs or not (`routed_gemvs` 1 / 0: ROUTED_GEMV_FMTS plain and MXFP8, or none) (each default: the
     runtime's; a row's label names the values other than the runtime's)."""
     from decode_floor import M3Shapes
     from decode_setup import decode_meta, fill_random_, graphed, hf_m3_config, median_ms, our_config
@@ -210,6 +212,7 @@ def decode_step_rows(layers_bf16: int, layers_mx: int, batches: tuple[int, ...],
 
     s, rows = M3Shapes(), []
     default_split, default_down = moe_kernels.ROUTED_SPLIT_TOKENS, moe_kernels.ROUTED_SPLIT_DOWN
+    default_gemv = int(bool(moe_kernels.ROUTED_GEMV_FMTS))
     for fmt, layers in ((LinearFormat.PLAIN, layers_bf16), (LinearFormat.MXFP8, layers_mx),
                         (LinearFormat.NVFP4_EXPERTS, layers_mx)):
         if fmt.value not in formats:
@@ -235,19 +238,24 @@ def decode_step_rows(layers_bf16: int, layers_mx: int, batches: tuple[int, ...],
                 set_mx_layout(model, layout)
             for b in batches:
                 meta, ids = decode_meta(s, b, ctx, dev), torch.randint(0, s.vocab, (b,), device=dev)
-                for split, down in itertools.product(routed_splits or (default_split,),
-                                                     routed_downs or (default_down,)):
+                for split, down, gemv in itertools.product(routed_splits or (default_split,),
+                                                           routed_downs or (default_down,),
+                                                           routed_gemvs or (default_gemv,)):
+                    before_gemv = moe_kernels.ROUTED_GEMV_FMTS
                     moe_kernels.ROUTED_SPLIT_TOKENS, moe_kernels.ROUTED_SPLIT_DOWN = split, down
+                    moe_kernels.ROUTED_GEMV_FMTS = frozenset({0, 1}) if gemv else frozenset()
                     try:
                         run, graph = graphed(lambda: model.compute_logits(model(ids, meta.positions, meta, kv)), dev)
                         ms = median_ms(run, dev, 3, 20)
                     finally:
                         moe_kernels.ROUTED_SPLIT_TOKENS, moe_kernels.ROUTED_SPLIT_DOWN = default_split, default_down
+                        moe_kernels.ROUTED_GEMV_FMTS = before_gemv
                     name = (label + (f" split<={split}" if split != default_split else "")
-                            + (f" down/{down}" if down != default_down else ""))
+                            + (f" down/{down}" if down != default_down else "")
+                            + ((" gemv" if gemv else " no-gemv") if gemv != default_gemv else ""))
                     rows.append({"weights": name, "layers": layers, "batch": b, "context": ctx, "step_ms": ms,
                                  "ms_per_layer": ms / layers, "cuda_graph": graph, "routed_split_tokens": split,
-                                 "routed_split_down": down})
+                                 "routed_split_down": down, "routed_gemv": gemv})
                     print(f"  {name:<18} {layers} layers B={b:<3} step {ms:8.3f} ms ({ms / layers:.3f} ms/layer)",
                           flush=True)
                     del run, graph
@@ -295,6 +303,9 @@ def parse_args(argv):
     ap.add_argument("--routed-split-down", type=int, nargs="+", default=[],
                     help="kernels.moe.ROUTED_SPLIT_DOWN values (K chunks of the one-token split tiles' down GEMM) the "
                          "decode-step rows run under (default: the runtime's)")
+    ap.add_argument("--routed-gemv", type=int, nargs="+", default=[], choices=(0, 1),
+                    help="1: one token's routed experts as GEMVs (kernels.moe.ROUTED_GEMV_FMTS), 0: not; the decode-step "
+                         "rows run under each (default: the runtime's)")
     ap.add_argument("--context", type=int, default=8192)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--markdown", type=Path, default=None)
@@ -324,7 +335,8 @@ def main(argv=None) -> int:
     steps = [] if args.kernels_only or args.tiny else decode_step_rows(args.bf16_layers, 60, (1, 16, 64),
                                                                        args.context, dev, tuple(args.step_formats),
                                                                        tuple(args.routed_split),
-                                                                       tuple(args.routed_split_down))
+                                                                       tuple(args.routed_split_down),
+                                                                       tuple(args.routed_gemv))
     table = (markdown_table(rows) if rows else "") + ("\n\n" + step_table(steps) if steps else "")
     print(table)
     if args.markdown:

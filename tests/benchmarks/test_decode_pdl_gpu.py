@@ -39,8 +39,9 @@ WHOLE = "skinny-pdl-side-whole"  # the whole shared expert beside: its own round
 FEW_ROWS = ("skinny-pdl-side-whole-heads", "skinny-pdl-side-whole-index", "skinny-pdl-side-whole-heads-index",
             "skinny-pdl-side-whole-split",  # ... and the routed experts splitting K at one token (other sums)
             "skinny-pdl-side-whole-split-down2",  # ... their down GEMM's K too (the runtime's)
-            "skinny-pdl-side-whole-split-down2-sumnorm")  # ... their sum in the next add + norm's launch
-DOWN2, SUM_NORM = FEW_ROWS[-2:]
+            "skinny-pdl-side-whole-split-down2-sumnorm",  # ... their sum in the next add + norm's launch
+            "skinny-pdl-side-whole-split-down2-gemv")  # down2, one token's routed experts as GEMVs (other sums)
+DOWN2, SUM_NORM = FEW_ROWS[-3:-1]
 
 
 @pytest.fixture(scope="module")

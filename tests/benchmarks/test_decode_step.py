@@ -297,12 +297,17 @@ def test_pdl_ops_sets_switch_the_process_and_are_restored(fl, rt):
         assert moe.ROUTED_SPLIT_TOKENS == 1 and moe.ROUTED_SPLIT_DOWN == 2
         moes = [layer.mlp for layer in model.layers if hasattr(layer.mlp, "sum_in_norm")]
         assert moes and all(m.sum_in_norm for m in moes)
+        assert moe.ROUTED_GEMV_FMTS == frozenset()
+        setup.set_ops(model, setup.OpsSet.GEMV)
+        assert moe.ROUTED_GEMV_FMTS == {0, 1} and moe.ROUTED_SPLIT_DOWN == 2 and not any(m.sum_in_norm for m in moes)
         setup.set_ops(model, setup.OpsSet.DOWN2)
         assert moe.ROUTED_SPLIT_DOWN == 2 and not any(m.sum_in_norm for m in moes)
+        assert moe.ROUTED_GEMV_FMTS == frozenset()
+        setup.set_ops(model, setup.OpsSet.GEMV)  # left on: the exit restores it off
         setup.set_ops(model, setup.OpsSet.SKINNY_PDL_SIDE_WHOLE)  # left unsplit: the exit restores the split
         assert moe.ROUTED_SPLIT_DOWN == 1
     assert PDL["launch"] is before and moe.ROUTED_SPLIT_TOKENS == 1  # the runtime's defaults, restored
-    assert moe.ROUTED_SPLIT_DOWN == 2
+    assert moe.ROUTED_SPLIT_DOWN == 2 and moe.ROUTED_GEMV_FMTS == frozenset()
 
 
 def test_cpu_smoke_times_pdl_sets_and_checks_under_the_chosen_mode(ds, tmp_path, monkeypatch):

@@ -81,7 +81,7 @@ class SharedExpert:
         return h @ self.w_down.to(cdt).T
 
 
-def _fmt_code(scales: MoeScales | None, w: torch.Tensor) -> int:
+def expert_format(scales: MoeScales | None, w: torch.Tensor) -> int:
     """The kernels' FMT for experts w with these scales: 0 plain, 1 MXFP8, 2 NVFP4 (packed codes), 3 NVFP4 with its
     codes as e4m3 bytes (quant.e2m1_as_e4m3)."""
     if scales is None:
@@ -113,6 +113,7 @@ class MoeTiles:
     split_k_routed: int = 1  # ... of a routed expert (divides split_k)
     split_down: int = 1  # K-chunks of the down GEMM (> 1: fp32 partials a chunk, summed by the sum kernel; routed
     #                      experts alone)
+    gemv: bool = False  # one token's routed experts as GEMVs (kernels/moe_gemv.py: gemv_tiles), no alignment
 
     @property
     def n_down(self) -> int:
@@ -134,6 +135,9 @@ ROUTED_SPLIT_TOKENS = 1
 # 8.912 -> 8.668 ms (4 chunks: 2.945 / 8.853) (docs/performance.md 2j). 1: unsplit.
 ROUTED_SPLIT_DOWN = 2
 MAX_SPLIT_K = 32
+# Expert formats (the kernels' FMT: 0 plain, 1 MXFP8) whose routed experts run one token as GEMVs (kernels/moe_gemv.py,
+# gemv_tiles) where no shared expert is inside: none until timed on the GPU.
+ROUTED_GEMV_FMTS: frozenset[int] = frozenset()
 
 
 def moe_tiles(n_pairs: int, n_experts: int, inter: int, hidden: int, shared_inter: int = 0,
@@ -166,11 +170,14 @@ def mx_moe_tiles(n_pairs: int, n_experts: int, inter: int, hidden: int) -> MoeTi
 
 
 def first_generation_tiles(n_tok: int, top_k: int, n_experts: int, inter: int, hidden: int, quantized: bool,
-                           shared_inter: int = 0) -> MoeTiles:
+                           shared_inter: int = 0, fmt: int = -1) -> MoeTiles:
     """The tiles fused_moe runs its first-generation kernels on when a call names none: quantized experts
     mx_moe_tiles, plain ones moe_tiles (with the shared expert inside at a few tokens: its split-K); without the
     shared expert, at most ROUTED_SPLIT_TOKENS tokens split the routed experts' K (one active expert then fills
-    the GPU by itself): mx_split_tiles, routed_split_tiles."""
+    the GPU by itself): mx_split_tiles, routed_split_tiles; one token of experts whose format (fmt, expert_format)
+    is in ROUTED_GEMV_FMTS runs the GEMVs (gemv_tiles)."""
+    if n_tok == 1 and not shared_inter and fmt in ROUTED_GEMV_FMTS:
+        return gemv_tiles(inter, hidden)
     if 0 < n_tok <= ROUTED_SPLIT_TOKENS and not shared_inter:
         return mx_split_tiles(inter, hidden) if quantized else routed_split_tiles(inter, hidden)
     if quantized:
@@ -193,6 +200,19 @@ def routed_split_tiles(inter: int, hidden: int) -> MoeTiles:
     pick (2026-12-06, us, the down GEMM whole): 56.5 on moe_tiles' grid, 45.4 here, 46.3 with down tiles 32;
     skinny_tiles(inter, inter, hidden) ran slower than moe_tiles in the rank step (BLOCK_K 64, down tiles 16)."""
     return _split_tiles(inter, hidden, 32)
+
+
+def gemv_tiles(inter: int, hidden: int) -> MoeTiles:
+    """One token's routed experts as GEMVs (kernels/moe_gemv.py): the MXFP8 linear GEMV's tiles (16 rows, BLOCK_K 512,
+    8 warps, one stage), gate|up K split and the down GEMM's K in chunks so that one local pick's programs fit a wave
+    of each kernel's resident ones with at least two K steps each (block_m: the router kernel's alignment, unused)."""
+    from m3bench.runtime.kernels import moe_gemv as mg
+
+    bk = mg.gemv_block_k(hidden, inter)
+    split = mg.gemv_split(inter, hidden, mg.GEMV_BLOCK_N, bk, mg.GATE_UP_PER_SM)
+    return MoeTiles(16, mg.GEMV_BLOCK_N, bk, num_warps=mg.GEMV_WARPS, num_stages=1, block_n_down=mg.GEMV_BLOCK_N,
+                    split_k=split, split_k_routed=split,
+                    split_down=mg.gemv_split(hidden, inter, mg.GEMV_BLOCK_N, bk, mg.DOWN_PER_SM), gemv=True)
 
 
 def _split_tiles(inter: int, hidden: int, block_n: int, block_k: int = 128) -> MoeTiles:
@@ -254,8 +274,11 @@ def fused_moe(
     _check_shared(shared, scales, w_gate, x)
     if tiles is None and (scales is None or first_generation(scales, w_gate)):
         tiles = first_generation_tiles(*topk_ids.shape, w_gate.shape[0], w_gate.shape[1], x.shape[1],
-                                       scales is not None, shared.inter if shared else 0)
-    if isinstance(tiles, MoeTiles) and _fmt_code(scales, w_gate) == 3 and tiles.block_k > NV_CODES_BLOCK_K:
+                                       scales is not None, shared.inter if shared else 0, expert_format(scales, w_gate))
+    if isinstance(tiles, MoeTiles) and tiles.gemv:
+        return _gemv_moe(x, w_gate, w_up, w_down, topk_ids, topk_weights, activation, alpha, limit, out, tiles,
+                         scales, shared, add, defer_sum)
+    if isinstance(tiles, MoeTiles) and expert_format(scales, w_gate) == 3 and tiles.block_k > NV_CODES_BLOCK_K:
         tiles = replace(tiles, block_k=NV_CODES_BLOCK_K)
     if scales is not None and not isinstance(tiles, MoeTiles):  # quantized: the tile-dequantizing kernels
         from m3bench.runtime.kernels.moe_quant import fused_moe_quant
@@ -283,12 +306,25 @@ def fused_moe(
     return result if defer_sum and out is None else result.summed(out)
 
 
+def _gemv_moe(x, w_gate, w_up, w_down, topk_ids, topk_weights, activation, alpha, limit, out, tiles, scales, shared,
+              add, defer_sum) -> torch.Tensor | MoeSum:
+    """fused_moe on the one-token GEMVs (kernels/moe_gemv.py): the down GEMM's planes summed as the first generation's."""
+    from m3bench.runtime.kernels.moe_gemv import moe_gemv
+
+    if shared is not None:
+        raise ValueError("fused_moe: the one-token GEMVs run routed experts alone (no shared expert inside)")
+    ids, weights = topk_ids.reshape(-1).contiguous(), topk_weights.reshape(-1).contiguous()
+    y = moe_gemv(x, w_gate, w_up, w_down, ids, weights, activation, alpha, limit, tiles, scales)
+    result = MoeSum(y, ids, w_gate.shape[0], topk_ids.shape[1], False, add, x.dtype)
+    return result if defer_sum and out is None else result.summed(out)
+
+
 def first_generation(scales: MoeScales, w_gate: torch.Tensor) -> bool:
     """Quantized experts without given tiles run the first-generation kernels (kernels/moe_triton.py): the
     generation picked for their format, or block-major weights, or NVFP4 codes as e4m3 bytes (only those kernels
     read them)."""
     return (moe_generation(scales.gate_global is not None) is QuantKernels.V1 or w_gate.dim() == 4
-            or _fmt_code(scales, w_gate) == 3)
+            or expert_format(scales, w_gate) == 3)
 
 
 def _addend(add) -> torch.Tensor | None:
@@ -306,7 +342,7 @@ def _inter_dtype(x: torch.Tensor, scales: MoeScales | None, activation: MoeActiv
     """The gate|up output's dtype: fp16 where the down GEMM's MXFP8 sub-dots run in fp16 (mxfp8_triton.act_block)
     and the activation bounds it (swigluoai: |h| <= limit * (limit + 1), far below fp16's 65504; fp16 also keeps
     3 more mantissa bits than bf16), else x's."""
-    if (_fmt_code(scales, w) in (1, 3) and x.dtype == torch.bfloat16 and activation is MoeActivation.SWIGLUOAI
+    if (expert_format(scales, w) in (1, 3) and x.dtype == torch.bfloat16 and activation is MoeActivation.SWIGLUOAI
             and not interpreting()):
         return torch.float16
     return x.dtype
@@ -370,7 +406,7 @@ def _launch_gate_up(x, wg, wu, inter, sorted_ids, block_expert, n_post, top_k, a
     su, sue, sun = _scale_args(scales and scales.up, wu)
     gg, gge = _global_args(scales and scales.gate_global, wg)
     gu, gue = _global_args(scales and scales.up_global, wu)
-    fmt = _fmt_code(scales, wg)
+    fmt = expert_format(scales, wg)
     sb = _sub_block(fmt)
     n_routed = top_k * x.shape[0]
     n_all = n_routed + (x.shape[0] if shared is not None else 0)
@@ -415,7 +451,7 @@ def _launch_down(inter, wd, n_rows, sorted_ids, block_expert, n_post, weights, t
     hidden, n_inter = wd.shape[1], inter.shape[1]
     sd, sde, sdn = _scale_args(scales and scales.down, wd)
     gd, gde = _global_args(scales and scales.down_global, wd)
-    fmt = _fmt_code(scales, wd)
+    fmt = expert_format(scales, wd)
     sb = _sub_block(fmt)
     wsd = wd if shared is None else shared.w_down
     chunks, k_chunk = down_chunks(n_inter, tiles)

@@ -42,6 +42,7 @@ from m3bench.runtime.kernels.moe import (
     MoeScales,
     MoeTiles,
     SharedExpert,
+    expert_format,
     first_generation,
     first_generation_tiles,
     fused_moe,
@@ -221,7 +222,8 @@ class SparseMoe(nn.Module):
         """The fused MoE's tiles for x [T, H]: what fused_moe picks for first-generation experts (the only ones the
         router kernel aligns for, align_fusable)."""
         return first_generation_tiles(x.shape[0], self.m.top_k, self.w_down.shape[0], self.w_gate_up.shape[1] // 2,
-                                      x.shape[1], self.w_down_scale is not None, shared.inter if shared else 0)
+                                      x.shape[1], self.w_down_scale is not None, shared.inter if shared else 0,
+                                      expert_format(self.expert_scales(), self.w_gate_up))
 
     def first_generation_experts(self) -> bool:
         """The fused MoE runs these experts on its first-generation kernels (plain weights, or quantized ones it

@@ -31,6 +31,7 @@ from m3bench.runtime.kernels import (
     backend,
     gated_act_triton,
     kv_write_triton,
+    moe_gemv_triton,
     moe_quant_triton,
     moe_triton,
     msa_index_triton,
@@ -46,7 +47,7 @@ from m3bench.runtime.kernels.add_norm import add_rms_norm_fused
 from m3bench.runtime.kernels.attention import paged_attention
 from m3bench.runtime.kernels.backend import KernelBackend
 from m3bench.runtime.kernels.kv_write import write_pages
-from m3bench.runtime.kernels.moe import MoeScales, MoeTiles, SharedExpert, fused_moe
+from m3bench.runtime.kernels.moe import MoeScales, MoeTiles, SharedExpert, fused_moe, gemv_tiles
 from m3bench.runtime.kernels.msa_index import msa_select_blocks, select_top_blocks
 from m3bench.runtime.kernels.mxfp8 import mxfp8_linear
 from m3bench.runtime.kernels.norm_rope import Branch, BranchWrite, norm_rope_write, norm_rope_write_pair
@@ -61,7 +62,7 @@ LAUNCHES = []
 SM90_MAX_SMEM = 232448  # bytes of shared memory one H100/H200 block may use
 KERNEL_MODULES = (attention_triton, msa_index_triton, moe_triton, kv_write_triton, mxfp8_triton, router_triton,
                   add_norm_triton, norm_rope_triton, mx_tiles_triton, moe_quant_triton, gated_act_triton, skinny_triton,
-                  skinny_heads_triton)
+                  skinny_heads_triton, moe_gemv_triton)
 
 
 class Recorder:
@@ -139,6 +140,8 @@ def record_all(q_lens):
         fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T)
         fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T, add=xs)  # the shared expert beside
         record_split_down(xs, wg, wd, ids, T)
+        if n_tok == 1:  # the one-token GEMVs (kernels/moe_gemv.py), plain
+            fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T, tiles=gemv_tiles(3072, 6144), add=xs)
         ws = torch.empty(384, 6144, dtype=torch.bfloat16)  # the shared expert inside (split-K at batch 1)
         fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T,
                   shared=SharedExpert(ws, ws, torch.empty(6144, 384, dtype=torch.bfloat16)))
@@ -208,6 +211,8 @@ def record_mxfp8(T):
         ids = torch.randint(0, 16, (n_tok, 4), dtype=torch.int32)
         fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T, scales=scales)
         record_split_down(xs, wg, wd, ids, T, scales)
+        if n_tok == 1:  # the one-token GEMVs, MXFP8
+            fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T, scales=scales, tiles=gemv_tiles(3072, 6144))
         old = moe_tiles(n_tok * 4, 16, 3072, 6144)
         fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T, scales=scales, tiles=old)
         e4m3 = torch.float8_e4m3fn

@@ -25,7 +25,7 @@ def test_tiny_run_checks_every_pick_count(bench, capsys, triton_interpreter):
     assert bench.main(["--tiny"]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("bf16", "mxfp8"))]
     assert [(r.split()[0], int(r.split()[1])) for r in rows] == [
-        (f, n) for e in ("bf16", "mxfp8") for f in (e, f"{e}-split", f"{e}-split-down2", f"{e}-split-down4")
+        (f, n) for e in ("bf16", "mxfp8") for f in (e, f"{e}-split", f"{e}-split-down2", f"{e}-split-down4", f"{e}-gemv")
         for n in range(3)]
 
 
@@ -48,7 +48,9 @@ def test_sweep_candidates_divide_the_hidden_size(bench):
     for quantized in (False, True):
         ex = bench.Experts("x", {}, 1, (), quantized)
         cands = bench.candidates(ex, sh)
-        assert cands[0][0] == "rule" and len(cands) == 2 + 2 * (1 if quantized else 2) * 4 * 3  # the rule's once
+        gemv = [t for _, t in cands if t.gemv]
+        assert len(gemv) == 2 * 3 * 3 * 2 and all(sh.inter % t.block_k == 0 for t in gemv)  # the one-token GEMVs
+        assert cands[0][0] == "rule" and len(cands) - len(gemv) == 2 + 2 * (1 if quantized else 2) * 4 * 3
         assert cands[0][1].split_down == 2  # the runtime's
         assert [n for n, t in cands[1:3]] == ["rule down1", "rule down4"] and cands[2][1].split_down == 4
         assert [t for _, t in cands].count(cands[0][1]) == 1
