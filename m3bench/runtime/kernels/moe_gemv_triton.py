@@ -18,11 +18,14 @@ from m3bench.runtime.kernels.pdl_triton import pdl_wait
 
 
 @triton.jit
-def local_pick(ids_ptr, tiles_per_pick, E):
-    """(pick k, its expert id as int64, whether that expert is this rank's) of program_id(0)."""
-    k = tl.program_id(0) // tiles_per_pick
+def pick_tile(ids_ptr, E, N: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(pick k, its expert id as int64, whether that expert is this rank's, the tile's rows n, n < N) of program_id(0):
+    the picks' N-row outputs in BLOCK_N tiles, pick after pick."""
+    n_tiles: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
+    k = tl.program_id(0) // n_tiles
     e = tl.load(ids_ptr + k).to(tl.int64)
-    return k, e, (e >= 0) & (e < E)
+    n = tl.program_id(0) % n_tiles * BLOCK_N + tl.arange(0, BLOCK_N)
+    return k, e, (e >= 0) & (e < E), n, n < N
 
 
 @triton.jit
@@ -63,13 +66,10 @@ def moe_gemv_gate_up_kernel(
     """inter[k, n-tile] (fp32) of the token's pick k = program_id(0) // tiles; grid (TOPK x I / BLOCK_N, SPLIT),
     program_id(1) the K piece (H / SPLIT inputs); partials part[piece, k, gate|up, I]."""
     pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
-    G: tl.constexpr = BLOCK_K // MX_BLOCK
-    n_tiles: tl.constexpr = (I + BLOCK_N - 1) // BLOCK_N
-    k, e, mine = local_pick(ids_ptr, n_tiles, E)
+    k, e, mine, n, n_ok = pick_tile(ids_ptr, E, I, BLOCK_N)
     if not mine:
         return
-    n = tl.program_id(0) % n_tiles * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = n < I
+    G: tl.constexpr = BLOCK_K // MX_BLOCK
     wg_rows, wu_rows = wg_ptr + e * s_ge + n * s_gn, wu_ptr + e * s_ue + n * s_un
     sg_rows, su_rows = sg_ptr + e * s_sge + n * s_sgn, su_ptr + e * s_sue + n * s_sun
     acc_g = tl.zeros([BLOCK_N, G], tl.float32)
@@ -105,13 +105,10 @@ def moe_gemv_down_kernel(
     """y[c, k, n-tile] = weights[k] * inter[k, chunk c] . wd[e, n-tile, chunk c] (fp32); grid (TOPK x H / BLOCK_N,
     chunks), program_id(1) the chunk c of K_CHUNK inputs (the last one shorter)."""
     pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
-    G: tl.constexpr = BLOCK_K // MX_BLOCK
-    n_tiles: tl.constexpr = (H + BLOCK_N - 1) // BLOCK_N
-    k, e, mine = local_pick(ids_ptr, n_tiles, E)
+    k, e, mine, n, n_ok = pick_tile(ids_ptr, E, H, BLOCK_N)
     if not mine:
         return
-    n = tl.program_id(0) % n_tiles * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = n < H
+    G: tl.constexpr = BLOCK_K // MX_BLOCK
     w_rows, s_rows = wd_ptr + e * s_de + n * s_dn, sd_ptr + e * s_sde + n * s_sdn
     acc = tl.zeros([BLOCK_N, G], tl.float32)
     k_begin = tl.program_id(1) * K_CHUNK

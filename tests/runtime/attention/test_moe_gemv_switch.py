@@ -8,15 +8,13 @@ import pytest
 import torch
 from launch_counts import recorded_launches
 
-from m3bench.runtime.attention.metadata import build_attn_metadata
 from m3bench.runtime.attention.triton_backend import TritonBackend
 from m3bench.runtime.kernels import moe, moe_gemv_triton, moe_triton
 from m3bench.runtime.kernels.backend import KernelBackend
-from m3bench.runtime.kv_cache import KVCache, KVDtype
 from m3bench.runtime.layers.moe import SparseMoe
 from m3bench.runtime.model import M3ForCausalLM
 
-from .tiny_cfg import tiny_config
+from .tiny_cfg import prefill_step, tiny_config
 
 pytestmark = pytest.mark.usefixtures("triton_interpreter")
 
@@ -28,10 +26,7 @@ def _forward(m, n_tok: int, gemv: bool, sum_in_norm: bool, monkeypatch):
             layer.mlp.sum_in_norm = sum_in_norm
     monkeypatch.setattr(moe, "ROUTED_GEMV_FMTS", frozenset({0}) if gemv else frozenset())
     counts = recorded_launches(monkeypatch, (moe_triton, moe_gemv_triton))
-    kv = KVCache(m.cfg, 4, 16, KVDtype.AUTO, m.dtype)
-    meta = build_attn_metadata([n_tok], [n_tok], [[0]], 16)
-    ids = torch.randint(0, m.cfg.vocab_size, (n_tok,), generator=torch.Generator().manual_seed(n_tok))
-    out = m(ids, meta.positions, meta, kv)
+    out = prefill_step(m, n_tok)
     monkeypatch.undo()
     return out, Counter(counts)
 
@@ -47,5 +42,5 @@ def test_one_token_moe_layers_run_the_gemvs(monkeypatch, sum_in_norm):
     assert "moe_gate_up_kernel" not in n_gemv and "moe_align_kernel" not in n_gemv
     assert n_gemv["moe_sum_kernel"] == n_dots["moe_sum_kernel"] == (0 if sum_in_norm else 2)
     assert torch.isfinite(gemv).all() and torch.allclose(gemv, dots, atol=1e-5, rtol=1e-5)
-    six, n_six = _forward(m, 6, True, sum_in_norm, monkeypatch)  # more tokens: the grouped kernels as before
+    _, n_six = _forward(m, 6, True, sum_in_norm, monkeypatch)  # more tokens: the grouped kernels as before
     assert "moe_gemv_gate_up_kernel" not in n_six and n_six["moe_gate_up_kernel"] == 2

@@ -18,7 +18,7 @@ from m3bench.runtime.layers.moe import SparseMoe
 from m3bench.runtime.model import M3ForCausalLM
 from m3bench.runtime.parallel import TPGroup
 
-from .tiny_cfg import tiny_config
+from .tiny_cfg import prefill_step, tiny_config
 
 pytestmark = pytest.mark.usefixtures("triton_interpreter")
 
@@ -43,10 +43,7 @@ def _forward(m, n_tok, sum_in_norm, monkeypatch):
         if isinstance(layer.mlp, SparseMoe):
             layer.mlp.sum_in_norm = sum_in_norm
     counts = _counted(monkeypatch)
-    kv = KVCache(m.cfg, 4, 16, KVDtype.AUTO, m.dtype)
-    meta = build_attn_metadata([n_tok], [n_tok], [[0]], 16)
-    ids = torch.randint(0, m.cfg.vocab_size, (n_tok,), generator=torch.Generator().manual_seed(n_tok))
-    out = m(ids, meta.positions, meta, kv)
+    out = prefill_step(m, n_tok)
     monkeypatch.undo()
     return out, Counter(counts)
 

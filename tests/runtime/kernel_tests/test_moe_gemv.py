@@ -5,15 +5,22 @@ from dataclasses import replace
 import pytest
 import torch
 from launch_counts import recorded_launches
-from .quant_cases import mx_random
 
 from m3bench.runtime import quant
 from m3bench.runtime.kernels import moe, moe_gemv_triton, moe_triton
 from m3bench.runtime.kernels.backend import KernelBackend
-from m3bench.runtime.kernels.moe import MoeActivation, MoeScales, MoeTiles, fused_moe, gemv_tiles
+from m3bench.runtime.kernels.moe import (
+    MoeActivation,
+    MoeScales,
+    MoeTiles,
+    fused_moe,
+    gemv_tiles,
+)
 from m3bench.runtime.kernels.moe_sum import MoeSum
 from m3bench.runtime.kernels.mx_linear import split_counters
 from m3bench.runtime.kernels.reference import fused_moe_ref
+
+from .quant_cases import mx_random
 
 pytestmark = pytest.mark.usefixtures("triton_interpreter")
 T = KernelBackend.TRITON
@@ -132,7 +139,7 @@ def test_gemv_tiles_fill_a_wave_at_one_pick_and_the_switch_picks_them(monkeypatc
     t = gemv_tiles(3072, 6144)
     assert (t.block_n, t.block_k, t.n_down, t.num_warps, t.num_stages, t.gemv) == (16, 512, 16, 8, 1, True)
     assert (t.split_k, t.split_down) == (2, 1)  # gate|up 192 tiles x 2 <= 396, down 384 <= 528; 6 steps of 512 each
-    tiles = lambda n_tok, fmt, shared=0: moe.first_generation_tiles(n_tok, 4, 16, 3072, 6144, fmt > 0,  # noqa: E731
+    tiles = lambda n_tok, fmt, shared=0: moe.first_generation_tiles(n_tok, 4, 16, 3072, 6144, fmt > 0,
                                                                     shared, fmt)
     assert moe.ROUTED_GEMV_FMTS == frozenset()
     assert not tiles(1, 0).gemv and not tiles(1, 1).gemv
