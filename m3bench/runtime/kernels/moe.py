@@ -302,7 +302,8 @@ def fused_moe(
     weights = topk_weights.reshape(-1).contiguous()
     y = _launch_down(inter, w_down, n_tok * top_k + n_shared, sorted_ids, block_expert, n_post, weights, tiles,
                      scales, shared)
-    return _sum_or_defer(MoeSum(y, ids, n_exp, top_k, shared is not None, add, x.dtype), defer_sum, out)
+    result = MoeSum(y, ids, n_exp, top_k, shared is not None, add, x.dtype)
+    return result if defer_sum and out is None else result.summed(out)
 
 
 def _gemv_moe(x, w_gate, w_up, w_down, topk_ids, topk_weights, activation, alpha, limit, out, tiles, scales, shared,
@@ -314,11 +315,7 @@ def _gemv_moe(x, w_gate, w_up, w_down, topk_ids, topk_weights, activation, alpha
         raise ValueError("fused_moe: the one-token GEMVs run routed experts alone (no shared expert inside)")
     ids, weights = topk_ids.reshape(-1).contiguous(), topk_weights.reshape(-1).contiguous()
     y = moe_gemv(x, w_gate, w_up, w_down, ids, weights, activation, alpha, limit, tiles, scales)
-    return _sum_or_defer(MoeSum(y, ids, w_gate.shape[0], topk_ids.shape[1], False, add, x.dtype), defer_sum, out)
-
-
-def _sum_or_defer(result: MoeSum, defer_sum: bool, out: torch.Tensor | None) -> torch.Tensor | MoeSum:
-    """The down GEMM's partials left unsummed (defer_sum, no out given) or summed by the sum kernel (into out)."""
+    result = MoeSum(y, ids, w_gate.shape[0], topk_ids.shape[1], False, add, x.dtype)
     return result if defer_sum and out is None else result.summed(out)
 
 
@@ -382,7 +379,7 @@ def _check_weights(*ws):
             raise ValueError("expert weights must be contiguous along their last (reduction) dim")
 
 
-def scale_args(s: torch.Tensor | None, w: torch.Tensor) -> tuple:
+def _scale_args(s: torch.Tensor | None, w: torch.Tensor) -> tuple:
     """(scale tensor, expert stride, row stride) for the kernel; the weight itself as a dummy."""
     if s is None:
         return w, 0, 0
@@ -405,8 +402,8 @@ def _launch_gate_up(x, wg, wu, inter, sorted_ids, block_expert, n_post, top_k, a
 
     _check_weights(x, wg, wu)
     n_inter, hidden = wg.shape[1], x.shape[1]
-    sg, sge, sgn = scale_args(scales and scales.gate, wg)
-    su, sue, sun = scale_args(scales and scales.up, wu)
+    sg, sge, sgn = _scale_args(scales and scales.gate, wg)
+    su, sue, sun = _scale_args(scales and scales.up, wu)
     gg, gge = _global_args(scales and scales.gate_global, wg)
     gu, gue = _global_args(scales and scales.up_global, wu)
     fmt = expert_format(scales, wg)
@@ -452,7 +449,7 @@ def _launch_down(inter, wd, n_rows, sorted_ids, block_expert, n_post, weights, t
 
     _check_weights(wd)
     hidden, n_inter = wd.shape[1], inter.shape[1]
-    sd, sde, sdn = scale_args(scales and scales.down, wd)
+    sd, sde, sdn = _scale_args(scales and scales.down, wd)
     gd, gde = _global_args(scales and scales.down_global, wd)
     fmt = expert_format(scales, wd)
     sb = _sub_block(fmt)
