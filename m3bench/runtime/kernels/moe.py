@@ -48,6 +48,7 @@ from m3bench.runtime.kernels.moe_align import (  # noqa: F401 (the fused MoE's p
     moe_align,
     moe_align_torch,
 )
+from m3bench.runtime.kernels.moe_args import check_weights, down_chunks, global_args, scale_args
 from m3bench.runtime.kernels.moe_scales import MoeScales
 from m3bench.runtime.kernels.moe_sum import MoeSum
 from m3bench.runtime.kernels.mx_linear import block_stride, check_counters, split_counters
@@ -302,8 +303,7 @@ def fused_moe(
     weights = topk_weights.reshape(-1).contiguous()
     y = _launch_down(inter, w_down, n_tok * top_k + n_shared, sorted_ids, block_expert, n_post, weights, tiles,
                      scales, shared)
-    result = MoeSum(y, ids, n_exp, top_k, shared is not None, add, x.dtype)
-    return result if defer_sum and out is None else result.summed(out)
+    return MoeSum(y, ids, n_exp, top_k, shared is not None, add, x.dtype).ended(defer_sum, out)
 
 
 def _gemv_moe(x, w_gate, w_up, w_down, topk_ids, topk_weights, activation, alpha, limit, out, tiles, scales, shared,
@@ -315,8 +315,7 @@ def _gemv_moe(x, w_gate, w_up, w_down, topk_ids, topk_weights, activation, alpha
         raise ValueError("fused_moe: the one-token GEMVs run routed experts alone (no shared expert inside)")
     ids, weights = topk_ids.reshape(-1).contiguous(), topk_weights.reshape(-1).contiguous()
     y = moe_gemv(x, w_gate, w_up, w_down, ids, weights, activation, alpha, limit, tiles, scales)
-    result = MoeSum(y, ids, w_gate.shape[0], topk_ids.shape[1], False, add, x.dtype)
-    return result if defer_sum and out is None else result.summed(out)
+    return MoeSum(y, ids, w_gate.shape[0], topk_ids.shape[1], False, add, x.dtype).ended(defer_sum, out)
 
 
 def first_generation(scales: MoeScales, w_gate: torch.Tensor) -> bool:
@@ -373,39 +372,16 @@ def _check_shared(shared: SharedExpert | None, scales: MoeScales | None, w_gate:
                          f"do not match hidden {x.shape[1]}")
 
 
-def _check_weights(*ws):
-    for w in ws:
-        if w.stride(-1) != 1:
-            raise ValueError("expert weights must be contiguous along their last (reduction) dim")
-
-
-def _scale_args(s: torch.Tensor | None, w: torch.Tensor) -> tuple:
-    """(scale tensor, expert stride, row stride) for the kernel; the weight itself as a dummy."""
-    if s is None:
-        return w, 0, 0
-    _check_weights(s)
-    return (s if s.dtype == torch.float8_e4m3fn else s.view(torch.uint8)), s.stride(0), s.stride(1)
-
-
-def _global_args(g: torch.Tensor | None, w: torch.Tensor) -> tuple:
-    """(per-row global scales [E, rows], expert stride) for the kernel (NVFP4); a dummy otherwise."""
-    if g is None:
-        return w, 0
-    if g.stride(-1) != 1:
-        raise ValueError("NVFP4 global scales must be contiguous along their rows")
-    return g, g.stride(0)
-
-
 def _launch_gate_up(x, wg, wu, inter, sorted_ids, block_expert, n_post, top_k, act, alpha, limit, tiles,
                     scales=None, shared: SharedExpert | None = None):
     from m3bench.runtime.kernels.moe_triton import moe_gate_up_kernel
 
-    _check_weights(x, wg, wu)
+    check_weights(x, wg, wu)
     n_inter, hidden = wg.shape[1], x.shape[1]
-    sg, sge, sgn = _scale_args(scales and scales.gate, wg)
-    su, sue, sun = _scale_args(scales and scales.up, wu)
-    gg, gge = _global_args(scales and scales.gate_global, wg)
-    gu, gue = _global_args(scales and scales.up_global, wu)
+    sg, sge, sgn = scale_args(scales and scales.gate, wg)
+    su, sue, sun = scale_args(scales and scales.up, wu)
+    gg, gge = global_args(scales and scales.gate_global, wg)
+    gu, gue = global_args(scales and scales.up_global, wu)
     fmt = expert_format(scales, wg)
     sb = _sub_block(fmt)
     n_routed = top_k * x.shape[0]
@@ -447,14 +423,14 @@ def _launch_down(inter, wd, n_rows, sorted_ids, block_expert, n_post, weights, t
     """The down GEMM into its fp32 rows [chunks, n_rows, H] (one plane a K chunk, down_chunks), returned."""
     from m3bench.runtime.kernels.moe_triton import moe_down_kernel
 
-    _check_weights(wd)
+    check_weights(wd)
     hidden, n_inter = wd.shape[1], inter.shape[1]
-    sd, sde, sdn = _scale_args(scales and scales.down, wd)
-    gd, gde = _global_args(scales and scales.down_global, wd)
+    sd, sde, sdn = scale_args(scales and scales.down, wd)
+    gd, gde = global_args(scales and scales.down_global, wd)
     fmt = expert_format(scales, wd)
     sb = _sub_block(fmt)
     wsd = wd if shared is None else shared.w_down
-    chunks, k_chunk = down_chunks(n_inter, tiles)
+    chunks, k_chunk = down_chunks(n_inter, tiles.split_down, tiles.block_k)
     y = inter.new_empty((chunks, n_rows, hidden), dtype=torch.float32)
     grid = (block_expert.shape[0], math.ceil(hidden / tiles.n_down), chunks)
     moe_down_kernel[grid](
@@ -468,12 +444,3 @@ def _launch_down(inter, wd, n_rows, sorted_ids, block_expert, n_post, weights, t
         num_warps=tiles.num_warps, num_stages=tiles.num_stages, **pdl_args(inter),
     )
     return y
-
-
-def down_chunks(n_inter: int, tiles: MoeTiles) -> tuple[int, int]:
-    """(chunks, inputs a chunk) of the down GEMM's reduction over n_inter: at most split_down chunks of whole BLOCK_K
-    steps, the last one shorter; (1, 0) unsplit."""
-    if tiles.split_down <= 1:
-        return 1, 0
-    k_chunk = math.ceil(n_inter / tiles.split_down / tiles.block_k) * tiles.block_k
-    return math.ceil(n_inter / k_chunk), k_chunk

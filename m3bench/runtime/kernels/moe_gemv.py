@@ -16,6 +16,7 @@ import math
 import torch
 
 from m3bench.runtime.kernels.backend import pdl_args
+from m3bench.runtime.kernels.moe_args import down_chunks, scale_args
 from m3bench.runtime.kernels.moe_quant import ACT_CODES
 from m3bench.runtime.kernels.moe_scales import MoeScales
 from m3bench.runtime.kernels.mx_linear import GEMV_BLOCK_K, SMS, block_k_for, block_stride, check_counters
@@ -34,20 +35,6 @@ def gemv_split(rows: int, inputs: int, block_n: int, block_k: int, per_sm: int, 
     """K pieces of one expert's GEMV over `rows` x `inputs` so that one local pick's tiles fit one wave of `per_sm`
     resident programs an SM, each piece at least two K steps (mx_linear.split_for's rule)."""
     return split_for(math.ceil(rows / block_n), inputs, block_k, per_sm * sms, 2)
-
-
-def chunk_inputs(inputs: int, chunks: int, block_k: int) -> int:
-    """Inputs of each of (at most) `chunks` down K chunks, whole BLOCK_K steps (the last chunk shorter)."""
-    return math.ceil(inputs / chunks / block_k) * block_k
-
-
-def _scale_rows(s: torch.Tensor | None, w: torch.Tensor) -> tuple[torch.Tensor, int, int]:
-    """(E8M0 scales as uint8, expert stride, row stride); the weight as a dummy for plain experts."""
-    if s is None:
-        return w, 0, 0
-    if s.stride(-1) != 1:
-        raise ValueError("MXFP8 expert scales must be contiguous along their inputs")
-    return s.view(torch.uint8), s.stride(0), s.stride(1)
 
 
 def check_gemv(x: torch.Tensor, w_gate: torch.Tensor, scales: MoeScales | None) -> None:
@@ -79,7 +66,7 @@ def _gate_up(x, wg, wu, ids, activation, alpha, limit, tiles, scales) -> torch.T
     check_counters(n_tiles, split)
     inter = x.new_empty((top_k, n_inter), dtype=torch.float32)
     part = x.new_empty((split, top_k, 2, n_inter) if split > 1 else (1,), dtype=torch.float32)
-    (sg, sge, sgn), (su, sue, sun) = _scale_rows(scales and scales.gate, wg), _scale_rows(scales and scales.up, wu)
+    (sg, sge, sgn), (su, sue, sun) = scale_args(scales and scales.gate, wg), scale_args(scales and scales.up, wu)
     moe_gemv_gate_up_kernel[(n_tiles, split)](
         x, wg, wu, sg, su, ids, inter, part, split_counters(x.device), alpha, limit,
         wg.stride(0), wg.stride(1), block_stride(wg, 3), wu.stride(0), wu.stride(1), block_stride(wu, 3),
@@ -97,10 +84,10 @@ def _down(inter, wd, ids, weights, tiles, scales, hidden) -> torch.Tensor:
 
     top_k, n_exp, n_inter = ids.numel(), wd.shape[0], inter.shape[1]
     bn, bk = tiles.n_down, tiles.block_k
-    k_chunk = chunk_inputs(n_inter, max(1, tiles.split_down), bk)
-    chunks = math.ceil(n_inter / k_chunk)
+    chunks, k_chunk = down_chunks(n_inter, tiles.split_down, bk)
+    k_chunk = k_chunk or math.ceil(n_inter / bk) * bk  # one chunk: all of I in whole K steps
     y = inter.new_empty((chunks, top_k, hidden), dtype=torch.float32)
-    sd, sde, sdn = _scale_rows(scales and scales.down, wd)
+    sd, sde, sdn = scale_args(scales and scales.down, wd)
     moe_gemv_down_kernel[(top_k * math.ceil(hidden / bn), chunks)](
         inter, wd, sd, ids, weights, y, inter.stride(0), wd.stride(0), wd.stride(1), block_stride(wd, 3),
         sde, sdn, y.stride(0), y.stride(1),

@@ -45,6 +45,10 @@ class MoeSum:
             raise ValueError(f"fused_moe: add must be a {self.shape} tensor contiguous in its last dim")
         return add
 
+    def ended(self, defer: bool, out: torch.Tensor | None) -> torch.Tensor | MoeSum:
+        """A fused MoE's result: itself, unsummed (defer, no out given), or the sum kernel's launch (into out)."""
+        return self if defer and out is None else self.summed(out)
+
     def summed(self, out: torch.Tensor | None = None) -> torch.Tensor:
         """The sum kernel's launch: [T, H] in dtype (into out when given)."""
         from m3bench.runtime.kernels.moe_triton import moe_sum_kernel
