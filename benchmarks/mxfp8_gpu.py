@@ -212,7 +212,8 @@ def decode_step_rows(layers_bf16: int, layers_mx: int, batches: tuple[int, ...],
 
     s, rows = M3Shapes(), []
     default_split, default_down = moe_kernels.ROUTED_SPLIT_TOKENS, moe_kernels.ROUTED_SPLIT_DOWN
-    default_gemv = int(bool(moe_kernels.ROUTED_GEMV_FMTS))
+    default_fmts = moe_kernels.ROUTED_GEMV_FMTS
+    default_gemv = int(bool(default_fmts))
     for fmt, layers in ((LinearFormat.PLAIN, layers_bf16), (LinearFormat.MXFP8, layers_mx),
                         (LinearFormat.NVFP4_EXPERTS, layers_mx)):
         if fmt.value not in formats:
@@ -241,7 +242,6 @@ def decode_step_rows(layers_bf16: int, layers_mx: int, batches: tuple[int, ...],
                 for split, down, gemv in itertools.product(routed_splits or (default_split,),
                                                            routed_downs or (default_down,),
                                                            routed_gemvs or (default_gemv,)):
-                    before_gemv = moe_kernels.ROUTED_GEMV_FMTS
                     moe_kernels.ROUTED_SPLIT_TOKENS, moe_kernels.ROUTED_SPLIT_DOWN = split, down
                     moe_kernels.ROUTED_GEMV_FMTS = frozenset({0, 1}) if gemv else frozenset()
                     try:
@@ -249,7 +249,7 @@ def decode_step_rows(layers_bf16: int, layers_mx: int, batches: tuple[int, ...],
                         ms = median_ms(run, dev, 3, 20)
                     finally:
                         moe_kernels.ROUTED_SPLIT_TOKENS, moe_kernels.ROUTED_SPLIT_DOWN = default_split, default_down
-                        moe_kernels.ROUTED_GEMV_FMTS = before_gemv
+                        moe_kernels.ROUTED_GEMV_FMTS = default_fmts
                     name = (label + (f" split<={split}" if split != default_split else "")
                             + (f" down/{down}" if down != default_down else "")
                             + ((" gemv" if gemv else " no-gemv") if gemv != default_gemv else ""))
