@@ -210,6 +210,9 @@ class OpsSet(Enum):
     #                                                         off by default: performance.md 2l)
     GEMV = "skinny-pdl-side-whole-split-down2-gemv"  # down2 + one token's routed experts as GEMVs (kernels/moe_gemv.py,
     #                                                kernels.moe.ROUTED_GEMV_FMTS plain and MXFP8; off by default)
+    DOWN2_HEADS_INDEX = "skinny-pdl-side-whole-split-down2-heads-index"  # down2 + heads-index's two switches
+    EVERY = "skinny-pdl-side-whole-split-down2-every"  # down2 + every switch that is off by default: the fused heads,
+    #                                                   the index branch beside, the sum in the norm, the GEMVs
 
     @classmethod
     def runtime(cls) -> "OpsSet":
@@ -219,6 +222,16 @@ class OpsSet(Enum):
     def holds(self, other: "OpsSet") -> bool:
         order = list(OpsSet)
         return order.index(self) >= order.index(other)
+
+
+# the sets that turn on each switch that is off by default (set_ops)
+HEADS_SETS = frozenset({OpsSet.HEADS, OpsSet.HEADS_INDEX, OpsSet.DOWN2_HEADS_INDEX, OpsSet.EVERY})
+INDEX_SETS = frozenset({OpsSet.INDEX, OpsSet.HEADS_INDEX, OpsSet.DOWN2_HEADS_INDEX, OpsSet.EVERY})
+SUM_NORM_SETS = frozenset({OpsSet.SUM_NORM, OpsSet.EVERY})
+GEMV_SETS = frozenset({OpsSet.GEMV, OpsSet.EVERY})
+# the routed experts' K split at one token: the down GEMM's chunks (kernels.moe.ROUTED_SPLIT_DOWN) of each split set
+SPLIT_DOWN = {OpsSet.SPLIT: 1, OpsSet.DOWN2: 2, OpsSet.DOWN4: 4, OpsSet.SUM_NORM: 2, OpsSet.GEMV: 2,
+              OpsSet.DOWN2_HEADS_INDEX: 2, OpsSet.EVERY: 2}
 
 
 def pdl_of(ops: OpsSet):
@@ -271,24 +284,23 @@ def set_ops(model, ops: OpsSet) -> None:
 
     fused, fused_v1 = ops.holds(OpsSet.FUSED), ops.holds(OpsSet.FUSED_V1)
     PDL["launch"] = pdl_of(ops)
-    split_sets = (OpsSet.SPLIT, OpsSet.DOWN2, OpsSet.DOWN4, OpsSet.SUM_NORM, OpsSet.GEMV)
-    moe_kernels.ROUTED_SPLIT_TOKENS = 1 if ops in split_sets else 0
-    moe_kernels.ROUTED_SPLIT_DOWN = {OpsSet.DOWN2: 2, OpsSet.DOWN4: 4, OpsSet.SUM_NORM: 2, OpsSet.GEMV: 2}.get(ops, 1)
-    moe_kernels.ROUTED_GEMV_FMTS = frozenset({0, 1}) if ops is OpsSet.GEMV else frozenset()
+    moe_kernels.ROUTED_SPLIT_TOKENS = 1 if ops in SPLIT_DOWN else 0
+    moe_kernels.ROUTED_SPLIT_DOWN = SPLIT_DOWN.get(ops, 1)
+    moe_kernels.ROUTED_GEMV_FMTS = frozenset({0, 1}) if ops in GEMV_SETS else frozenset()
     if hasattr(model.backend, "fuse_ops"):
         model.backend.fuse_ops = fused_v1
     set_skinny_rows(model, SKINNY_MAX_ROWS if ops.holds(OpsSet.SKINNY) else 0)
     for layer in model.layers:
         layer.attn.fuse_branches = fused
-        layer.attn.fuse_qkv_heads = ops in (OpsSet.HEADS, OpsSet.HEADS_INDEX)
-        layer.attn.index_beside = ops in (OpsSet.INDEX, OpsSet.HEADS_INDEX)
+        layer.attn.fuse_qkv_heads = ops in HEADS_SETS
+        layer.attn.index_beside = ops in INDEX_SETS
         if hasattr(layer.mlp, "fuse_act"):  # the dense MLP
             layer.mlp.fuse_act = fused
         if isinstance(layer.mlp, SparseMoe):
             layer.mlp.fuse_router = fused_v1
             layer.mlp.fuse_shared = layer.mlp.fuse_align = layer.mlp.fuse_router_input = fused
             layer.mlp.shared_beside = beside_of(ops)
-            layer.mlp.sum_in_norm = ops is OpsSet.SUM_NORM
+            layer.mlp.sum_in_norm = ops in SUM_NORM_SETS
             if layer.mlp.shared is not None:
                 layer.mlp.shared.fuse_act = ops.holds(OpsSet.SKINNY)
 
