@@ -202,14 +202,15 @@ class OpsSet(Enum):
     SPLIT = "skinny-pdl-side-whole-split"  # skinny-pdl-side-whole + the routed experts splitting K at one token
     #                                        (kernels.moe.ROUTED_SPLIT_TOKENS 1; every set before runs them unsplit,
     #                                        0, as timed before), their down GEMM whole (ROUTED_SPLIT_DOWN 1)
-    DOWN2 = "skinny-pdl-side-whole-split-down2"  # ... their down GEMM's K in 2 chunks (ROUTED_SPLIT_DOWN 2): the
-    #                                              runtime's default since 2026-12-06 (performance.md 2j)
+    DOWN2 = "skinny-pdl-side-whole-split-down2"  # ... their down GEMM's K in 2 chunks (ROUTED_SPLIT_DOWN 2), MXFP8
+    #                                              experts at one token as GEMVs (ROUTED_GEMV_FMTS {1}; plain experts
+    #                                              keep the split): the runtime's default (performance.md 2j, 2n)
     DOWN4 = "skinny-pdl-side-whole-split-down4"  # ... in 4 chunks
     SUM_NORM = "skinny-pdl-side-whole-split-down2-sumnorm"  # down2 + the fused MoE's final sum in the next residual
     #                                                         add + norm's launch (SparseMoe.sum_in_norm, one rank;
     #                                                         off by default: performance.md 2l)
-    GEMV = "skinny-pdl-side-whole-split-down2-gemv"  # down2 + one token's routed experts as GEMVs (kernels/moe_gemv.py,
-    #                                                kernels.moe.ROUTED_GEMV_FMTS plain and MXFP8; off by default)
+    GEMV = "skinny-pdl-side-whole-split-down2-gemv"  # down2 + one token's plain routed experts as GEMVs too
+    #                                                (kernels/moe_gemv.py, kernels.moe.ROUTED_GEMV_FMTS {0, 1})
     DOWN2_HEADS_INDEX = "skinny-pdl-side-whole-split-down2-heads-index"  # down2 + heads-index's two switches
     EVERY = "skinny-pdl-side-whole-split-down2-every"  # down2 + every switch that is off by default: the fused heads,
     #                                                   the index branch beside, the sum in the norm, the GEMVs
@@ -228,7 +229,8 @@ class OpsSet(Enum):
 HEADS_SETS = frozenset({OpsSet.HEADS, OpsSet.HEADS_INDEX, OpsSet.DOWN2_HEADS_INDEX, OpsSet.EVERY})
 INDEX_SETS = frozenset({OpsSet.INDEX, OpsSet.HEADS_INDEX, OpsSet.DOWN2_HEADS_INDEX, OpsSet.EVERY})
 SUM_NORM_SETS = frozenset({OpsSet.SUM_NORM, OpsSet.EVERY})
-GEMV_SETS = frozenset({OpsSet.GEMV, OpsSet.EVERY})
+GEMV_SETS = frozenset({OpsSet.GEMV, OpsSet.EVERY})  # plain and MXFP8 experts as GEMVs at one token
+RUNTIME_GEMV_SETS = frozenset({OpsSet.DOWN2, OpsSet.SUM_NORM, OpsSet.DOWN2_HEADS_INDEX})  # MXFP8 only, as the runtime
 # the routed experts' K split at one token: the down GEMM's chunks (kernels.moe.ROUTED_SPLIT_DOWN) of each split set
 SPLIT_DOWN = {OpsSet.SPLIT: 1, OpsSet.DOWN2: 2, OpsSet.DOWN4: 4, OpsSet.SUM_NORM: 2, OpsSet.GEMV: 2,
               OpsSet.DOWN2_HEADS_INDEX: 2, OpsSet.EVERY: 2}
@@ -286,7 +288,8 @@ def set_ops(model, ops: OpsSet) -> None:
     PDL["launch"] = pdl_of(ops)
     moe_kernels.ROUTED_SPLIT_TOKENS = 1 if ops in SPLIT_DOWN else 0
     moe_kernels.ROUTED_SPLIT_DOWN = SPLIT_DOWN.get(ops, 1)
-    moe_kernels.ROUTED_GEMV_FMTS = frozenset({0, 1}) if ops in GEMV_SETS else frozenset()
+    moe_kernels.ROUTED_GEMV_FMTS = (frozenset({0, 1}) if ops in GEMV_SETS else frozenset({1})
+                                    if ops in RUNTIME_GEMV_SETS else frozenset())  # sets before: as timed then
     if hasattr(model.backend, "fuse_ops"):
         model.backend.fuse_ops = fused_v1
     set_skinny_rows(model, SKINNY_MAX_ROWS if ops.holds(OpsSet.SKINNY) else 0)

@@ -199,8 +199,8 @@ def decode_step_rows(layers_bf16: int, layers_mx: int, batches: tuple[int, ...],
     NVFP4-expert weights (the ModelOpt release's mix: NVFP4 routed experts, MXFP8 block-major elsewhere), packed
     and with the experts' codes held as e4m3 bytes (runtime.nv_codes); each batch under every
     kernels.moe.ROUTED_SPLIT_TOKENS of `routed_splits` x ROUTED_SPLIT_DOWN of `routed_downs` x one token's routed
-    experts as GEMVs or not (`routed_gemvs` 1 / 0: ROUTED_GEMV_FMTS plain and MXFP8, or none) (each default: the
-    runtime's; a row's label names the values other than the runtime's)."""
+    experts as GEMVs or not (`routed_gemvs` 1 / 0: the rows' expert format in ROUTED_GEMV_FMTS or not) (each default:
+    the runtime's; a row's label names the values other than the runtime's)."""
     from decode_floor import M3Shapes
     from decode_setup import decode_meta, fill_random_, graphed, hf_m3_config, median_ms, our_config
 
@@ -213,7 +213,6 @@ def decode_step_rows(layers_bf16: int, layers_mx: int, batches: tuple[int, ...],
     s, rows = M3Shapes(), []
     default_split, default_down = moe_kernels.ROUTED_SPLIT_TOKENS, moe_kernels.ROUTED_SPLIT_DOWN
     default_fmts = moe_kernels.ROUTED_GEMV_FMTS
-    default_gemv = int(bool(default_fmts))
     for fmt, layers in ((LinearFormat.PLAIN, layers_bf16), (LinearFormat.MXFP8, layers_mx),
                         (LinearFormat.NVFP4_EXPERTS, layers_mx)):
         if fmt.value not in formats:
@@ -225,6 +224,8 @@ def decode_step_rows(layers_bf16: int, layers_mx: int, batches: tuple[int, ...],
         fill_random_(kv)
         layouts = {LinearFormat.MXFP8: (MxLayout.ROW_MAJOR, MxLayout.BLOCK_MAJOR),
                    LinearFormat.NVFP4_EXPERTS: (MxLayout.BLOCK_MAJOR, NvCodes.E4M3)}.get(fmt, (None,))
+        code = {LinearFormat.PLAIN: 0, LinearFormat.MXFP8: 1}.get(fmt, -1)  # the experts' FMT code (NVFP4: none)
+        default_gemv = int(code in default_fmts)
         for layout in layouts:
             label = fmt.value if layout is None else f"{fmt.value} {layout.value}"
             if layout is NvCodes.E4M3:  # the experts' codes as e4m3 bytes, block-major (weight_format.set_nv_codes)
@@ -243,7 +244,7 @@ def decode_step_rows(layers_bf16: int, layers_mx: int, batches: tuple[int, ...],
                                                            routed_downs or (default_down,),
                                                            routed_gemvs or (default_gemv,)):
                     moe_kernels.ROUTED_SPLIT_TOKENS, moe_kernels.ROUTED_SPLIT_DOWN = split, down
-                    moe_kernels.ROUTED_GEMV_FMTS = frozenset({0, 1}) if gemv else frozenset()
+                    moe_kernels.ROUTED_GEMV_FMTS = (default_fmts | {code}) if gemv else (default_fmts - {code})
                     try:
                         run, graph = graphed(lambda: model.compute_logits(model(ids, meta.positions, meta, kv)), dev)
                         ms = median_ms(run, dev, 3, 20)

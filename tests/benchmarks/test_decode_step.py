@@ -246,7 +246,7 @@ def test_the_runtime_ops_set_is_what_the_runtime_does_by_default(fl, rt):
     s = fl.TINY_RANK
 
     def switches(model) -> list:
-        flags = [backend.PDL["launch"], moe.ROUTED_SPLIT_TOKENS, moe.ROUTED_SPLIT_DOWN,
+        flags = [backend.PDL["launch"], moe.ROUTED_SPLIT_TOKENS, moe.ROUTED_SPLIT_DOWN, moe.ROUTED_GEMV_FMTS,
                  getattr(model.backend, "fuse_ops", None)]
         for layer in model.layers:
             parts = (layer.attn, layer.mlp, getattr(layer.mlp, "shared", None))
@@ -297,26 +297,26 @@ def test_pdl_ops_sets_switch_the_process_and_are_restored(fl, rt):
         assert moe.ROUTED_SPLIT_TOKENS == 1 and moe.ROUTED_SPLIT_DOWN == 2
         moes = [layer.mlp for layer in model.layers if hasattr(layer.mlp, "sum_in_norm")]
         assert moes and all(m.sum_in_norm for m in moes)
-        assert moe.ROUTED_GEMV_FMTS == frozenset()
+        assert moe.ROUTED_GEMV_FMTS == {1}  # the runtime's: MXFP8 experts as GEMVs at one token
         setup.set_ops(model, setup.OpsSet.GEMV)
         assert moe.ROUTED_GEMV_FMTS == {0, 1} and moe.ROUTED_SPLIT_DOWN == 2 and not any(m.sum_in_norm for m in moes)
         setup.set_ops(model, setup.OpsSet.DOWN2)
         assert moe.ROUTED_SPLIT_DOWN == 2 and not any(m.sum_in_norm for m in moes)
-        assert moe.ROUTED_GEMV_FMTS == frozenset()
+        assert moe.ROUTED_GEMV_FMTS == {1}
         attns = [layer.attn for layer in model.layers]
         setup.set_ops(model, setup.OpsSet.DOWN2_HEADS_INDEX)
-        assert moe.ROUTED_SPLIT_DOWN == 2 and moe.ROUTED_GEMV_FMTS == frozenset()
+        assert moe.ROUTED_SPLIT_DOWN == 2 and moe.ROUTED_GEMV_FMTS == {1}
         assert all(a.fuse_qkv_heads and a.index_beside for a in attns) and not any(m.sum_in_norm for m in moes)
         setup.set_ops(model, setup.OpsSet.EVERY)
         assert moe.ROUTED_SPLIT_TOKENS == 1 and moe.ROUTED_SPLIT_DOWN == 2 and moe.ROUTED_GEMV_FMTS == {0, 1}
         assert all(a.fuse_qkv_heads and a.index_beside for a in attns) and all(m.sum_in_norm for m in moes)
         setup.set_ops(model, setup.OpsSet.DOWN2)
         assert not any(a.fuse_qkv_heads or a.index_beside for a in attns) and not any(m.sum_in_norm for m in moes)
-        setup.set_ops(model, setup.OpsSet.GEMV)  # left on: the exit restores it off
+        setup.set_ops(model, setup.OpsSet.GEMV)  # plain GEMVs left on: the exit restores MXFP8 alone
         setup.set_ops(model, setup.OpsSet.SKINNY_PDL_SIDE_WHOLE)  # left unsplit: the exit restores the split
-        assert moe.ROUTED_SPLIT_DOWN == 1
+        assert moe.ROUTED_SPLIT_DOWN == 1 and moe.ROUTED_GEMV_FMTS == frozenset()  # as timed before the GEMVs
     assert PDL["launch"] is before and moe.ROUTED_SPLIT_TOKENS == 1  # the runtime's defaults, restored
-    assert moe.ROUTED_SPLIT_DOWN == 2 and moe.ROUTED_GEMV_FMTS == frozenset()
+    assert moe.ROUTED_SPLIT_DOWN == 2 and moe.ROUTED_GEMV_FMTS == {1}
 
 
 def test_cpu_smoke_times_pdl_sets_and_checks_under_the_chosen_mode(ds, tmp_path, monkeypatch):

@@ -137,8 +137,11 @@ ROUTED_SPLIT_TOKENS = 1
 ROUTED_SPLIT_DOWN = 2
 MAX_SPLIT_K = 32
 # Expert formats (the kernels' FMT: 0 plain, 1 MXFP8) whose routed experts run one token as GEMVs (kernels/moe_gemv.py,
-# gemv_tiles) where no shared expert is inside: none until timed on the GPU.
-ROUTED_GEMV_FMTS: frozenset[int] = frozenset()
+# gemv_tiles) where no shared expert is inside. MXFP8: one local pick 43.7-43.9 -> 33.7-33.9 us, faster at 0-4 picks;
+# the 60-layer MXFP8 rank step at B1 block-major 8.349 -> 8.191 and 8.236 -> 8.074 ms, row-major 9.283 -> 8.867 and
+# 9.234 -> 8.818 ms (H100, two runs, 2026-12-06; B16 / B64 unchanged). Plain experts stay on the split tiles: their
+# GEMVs win alone (one pick 52.7 -> 49.0 us) but the bf16 step lost 2-4% at B1 (docs/performance.md 2m, 2n).
+ROUTED_GEMV_FMTS: frozenset[int] = frozenset({1})
 
 
 def moe_tiles(n_pairs: int, n_experts: int, inter: int, hidden: int, shared_inter: int = 0,

@@ -135,13 +135,14 @@ def test_gemv_refuses_what_it_cannot_run():
 def test_gemv_tiles_fill_a_wave_at_one_pick_and_the_switch_picks_them(monkeypatch):
     """At a TP8/EP8 rank's shapes one local pick's GEMV programs fit a wave of resident ones (gate|up 3 an SM, down 4, x
     132) with two K steps or more each; first_generation_tiles gives them at one token for the formats in ROUTED_GEMV_FMTS only
-    (none by default), never with the shared expert inside or at two tokens."""
+    (MXFP8 by default), never with the shared expert inside or at two tokens."""
     t = gemv_tiles(3072, 6144)
     assert (t.block_n, t.block_k, t.n_down, t.num_warps, t.num_stages, t.gemv) == (16, 512, 16, 8, 1, True)
     assert (t.split_k, t.split_down) == (2, 1)  # gate|up 192 tiles x 2 <= 396, down 384 <= 528; 6 steps of 512 each
     tiles = lambda n_tok, fmt, shared=0: moe.first_generation_tiles(n_tok, 4, 16, 3072, 6144, fmt > 0,
                                                                     shared, fmt)
-    assert moe.ROUTED_GEMV_FMTS == frozenset()
+    assert moe.ROUTED_GEMV_FMTS == frozenset({1})
+    monkeypatch.setattr(moe, "ROUTED_GEMV_FMTS", frozenset())
     assert not tiles(1, 0).gemv and not tiles(1, 1).gemv
     monkeypatch.setattr(moe, "ROUTED_GEMV_FMTS", frozenset({1}))
     assert tiles(1, 1) == t and not tiles(1, 0).gemv and not tiles(2, 1).gemv and not tiles(1, 3).gemv
