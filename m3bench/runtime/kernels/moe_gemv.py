@@ -16,7 +16,7 @@ import math
 import torch
 
 from m3bench.runtime.kernels.backend import pdl_args
-from m3bench.runtime.kernels.moe_args import down_chunks, scale_args
+from m3bench.runtime.kernels.moe_args import check_weights, down_chunks, scale_args
 from m3bench.runtime.kernels.moe_quant import ACT_CODES
 from m3bench.runtime.kernels.moe_scales import MoeScales
 from m3bench.runtime.kernels.mx_linear import GEMV_BLOCK_K, SMS, block_k_for, block_stride, check_counters
@@ -51,6 +51,7 @@ def moe_gemv(x, w_gate, w_up, w_down, ids, weights, activation: MoeActivation, a
              scales: MoeScales | None) -> torch.Tensor:
     """The down GEMM's fp32 planes [chunks, TOPK, H] of the token's picks (rows of other ranks' picks unwritten)."""
     check_gemv(x, w_gate, scales)
+    check_weights(w_gate, w_up, w_down)
     inter = _gate_up(x, w_gate, w_up, ids, activation, alpha, limit, tiles, scales)
     return _down(inter, w_down, ids, weights, tiles, scales, x.shape[1])
 

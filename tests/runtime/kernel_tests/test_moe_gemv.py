@@ -127,6 +127,9 @@ def test_gemv_refuses_what_it_cannot_run():
                    torch.ones(N_EXP, HIDDEN))
     with pytest.raises(ValueError, match="not NVFP4"):
         fused_moe(x, wg, wu, wd, ids, w, backend=T, tiles=tiles, scales=nv)
+    strided = wd.float().transpose(1, 2).contiguous().transpose(1, 2)  # the same values, inputs not contiguous
+    with pytest.raises(ValueError, match="contiguous along their last"):
+        fused_moe(x, wg.float(), wu.float(), strided, ids, w, backend=T, tiles=tiles)
     shared = moe.SharedExpert(wg[0].float(), wu[0].float(), wd[0].float())
     with pytest.raises(ValueError, match="GEMVs run routed experts alone"):
         fused_moe(x, wg.float(), wu.float(), wd.float(), ids, w, backend=T, tiles=tiles, shared=shared)
