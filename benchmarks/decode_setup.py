@@ -229,8 +229,10 @@ class OpsSet(Enum):
 HEADS_SETS = frozenset({OpsSet.HEADS, OpsSet.HEADS_INDEX, OpsSet.DOWN2_HEADS_INDEX, OpsSet.EVERY})
 INDEX_SETS = frozenset({OpsSet.INDEX, OpsSet.HEADS_INDEX, OpsSet.DOWN2_HEADS_INDEX, OpsSet.EVERY})
 SUM_NORM_SETS = frozenset({OpsSet.SUM_NORM, OpsSet.EVERY})
-GEMV_SETS = frozenset({OpsSet.GEMV, OpsSet.EVERY})  # plain and MXFP8 experts as GEMVs at one token
-RUNTIME_GEMV_SETS = frozenset({OpsSet.DOWN2, OpsSet.SUM_NORM, OpsSet.DOWN2_HEADS_INDEX})  # MXFP8 only, as the runtime
+# the expert formats (kernels.moe.ROUTED_GEMV_FMTS) whose routed experts run one token as GEMVs: MXFP8 in the runtime's
+# set and those built on it, as the runtime does; plain ones too in the GEMV sets; none in the sets before (as timed)
+GEMV_FMTS = {OpsSet.DOWN2: frozenset({1}), OpsSet.SUM_NORM: frozenset({1}), OpsSet.DOWN2_HEADS_INDEX: frozenset({1}),
+             OpsSet.GEMV: frozenset({0, 1}), OpsSet.EVERY: frozenset({0, 1})}
 # the routed experts' K split at one token: the down GEMM's chunks (kernels.moe.ROUTED_SPLIT_DOWN) of each split set
 SPLIT_DOWN = {OpsSet.SPLIT: 1, OpsSet.DOWN2: 2, OpsSet.DOWN4: 4, OpsSet.SUM_NORM: 2, OpsSet.GEMV: 2,
               OpsSet.DOWN2_HEADS_INDEX: 2, OpsSet.EVERY: 2}
@@ -288,8 +290,7 @@ def set_ops(model, ops: OpsSet) -> None:
     PDL["launch"] = pdl_of(ops)
     moe_kernels.ROUTED_SPLIT_TOKENS = 1 if ops in SPLIT_DOWN else 0
     moe_kernels.ROUTED_SPLIT_DOWN = SPLIT_DOWN.get(ops, 1)
-    moe_kernels.ROUTED_GEMV_FMTS = (frozenset({0, 1}) if ops in GEMV_SETS else frozenset({1})
-                                    if ops in RUNTIME_GEMV_SETS else frozenset())  # sets before: as timed then
+    moe_kernels.ROUTED_GEMV_FMTS = GEMV_FMTS.get(ops, frozenset())
     if hasattr(model.backend, "fuse_ops"):
         model.backend.fuse_ops = fused_v1
     set_skinny_rows(model, SKINNY_MAX_ROWS if ops.holds(OpsSet.SKINNY) else 0)
