@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from m3bench.runtime.kernels.moe_quant_triton import swiglu
-from m3bench.runtime.kernels.mx_tiles_triton import MX_BLOCK, block_cols, e8m0_scale, last_split, sum_partials
+from m3bench.runtime.kernels.mx_tiles_triton import MX_BLOCK, gemv_scales, gemv_weights, last_split, sum_partials
 from m3bench.runtime.kernels.pdl_triton import pdl_wait
 
 
@@ -33,18 +33,9 @@ def gemv_block(w_rows, s_rows, xr, k0, n_ok, s_wb, K: tl.constexpr, G: tl.conste
                EVEN: tl.constexpr):
     """[BLOCK_N, G] fp32: the rows' (w_rows [BLOCK_N]) products with xr [G, 32] (fp32, inputs k0 ..) summed within
     each 32-block, times the block's power of two (SCALED; scales of a row at s_rows [BLOCK_N], one byte a block)."""
-    g = tl.arange(0, G)
-    kk = k0 + g[:, None] * MX_BLOCK + tl.arange(0, MX_BLOCK)[None, :]
-    ptrs = w_rows[:, None, None] + block_cols(k0, s_wb, G)[None, :, :]
-    if EVEN:
-        w = tl.load(ptrs)
-    else:
-        w = tl.load(ptrs, mask=n_ok[:, None, None] & (kk < K)[None, :, :], other=0.0)
-    part = tl.sum(w.to(tl.float32) * xr[None, :, :], axis=2)
+    part = tl.sum(gemv_weights(w_rows, k0, n_ok, s_wb, K, G, EVEN) * xr[None, :, :], axis=2)
     if SCALED:
-        blk = k0 // MX_BLOCK + g
-        s_ok = n_ok[:, None] & (blk * MX_BLOCK < K)[None, :]
-        part = part * e8m0_scale(tl.load(s_rows[:, None] + blk[None, :], mask=s_ok, other=0))
+        part = part * gemv_scales(s_rows, k0, n_ok, K, G)
     return part
 
 

@@ -52,6 +52,28 @@ def block_cols(k0, s_wb, G: tl.constexpr):
 
 
 @triton.jit
+def gemv_weights(w_rows, k0, n_ok, s_wb, K: tl.constexpr, G: tl.constexpr, EVEN: tl.constexpr):
+    """The GEMVs' weights of rows w_rows [BLOCK_N] (pointers), inputs k0 + [0, 32 G), as fp32 [BLOCK_N, G, 32]
+    (0 past N or K; EVEN: no masks, the tile exists)."""
+    ptrs = w_rows[:, None, None] + block_cols(k0, s_wb, G)[None, :, :]
+    if EVEN:
+        w = tl.load(ptrs)
+    else:
+        kk = k0 + tl.arange(0, G)[:, None] * MX_BLOCK + tl.arange(0, MX_BLOCK)[None, :]
+        w = tl.load(ptrs, mask=n_ok[:, None, None] & (kk < K)[None, :, :], other=0.0)
+    return w.to(tl.float32)
+
+
+@triton.jit
+def gemv_scales(s_rows, k0, n_ok, K: tl.constexpr, G: tl.constexpr):
+    """The powers of two [BLOCK_N, G] (fp32) of the GEMVs' 32-blocks k0 // 32 + [0, G) of rows whose scales start
+    at s_rows [BLOCK_N] (pointers, one byte a block); 0 past N or K."""
+    g = tl.arange(0, G)
+    s_ok = n_ok[:, None] & (k0 + g * MX_BLOCK < K)[None, :]
+    return e8m0_scale(tl.load(s_rows[:, None] + (k0 // MX_BLOCK + g)[None, :], mask=s_ok, other=0))
+
+
+@triton.jit
 def mx_tile(w_ptr, step, n, n_ok, k0, s_wn, s_wb, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
             F32: tl.constexpr, EVEN: tl.constexpr):
     """Dequantized MXFP8 weights [BLOCK_N, BLOCK_K] (rows n, inputs k0 + [0, BLOCK_K)) in step's dtype:
@@ -188,22 +210,15 @@ def mx_gemv_kernel(
     rows = tl.arange(0, BLOCK_M)
     g = tl.arange(0, G)
     acc = tl.zeros([BLOCK_M, BLOCK_N, G], tl.float32)
-    w_rows = w_ptr + n.to(tl.int64) * s_wn
+    w_rows, s_rows = w_ptr + n.to(tl.int64) * s_wn, s_ptr + n.to(tl.int64) * s_sn
     k_begin = tl.program_id(1) * K_SPLIT
     for k_off in range(0, K_SPLIT, BLOCK_K):  # constant trip count
         k0 = k_begin + k_off
         kk = k0 + g[:, None] * MX_BLOCK + tl.arange(0, MX_BLOCK)[None, :]  # [G, 32]
         k_ok = kk < K
-        w_ptrs = w_rows[:, None, None] + block_cols(k0, s_wb, G)[None, :, :]
-        if EVEN:
-            w = tl.load(w_ptrs)
-        else:
-            w = tl.load(w_ptrs, mask=n_ok[:, None, None] & k_ok[None, :, :], other=0.0)
-        w = w.to(tl.float32)
+        w = gemv_weights(w_rows, k0, n_ok, s_wb, K, G, EVEN)
         if SCALED:
-            s_ok = n_ok[:, None] & (k0 + g * MX_BLOCK < K)[None, :]
-            blk = k0 // MX_BLOCK + g
-            sc = e8m0_scale(tl.load(s_ptr + n.to(tl.int64)[:, None] * s_sn + blk[None, :], mask=s_ok, other=0))
+            sc = gemv_scales(s_rows, k0, n_ok, K, G)
         for r in tl.static_range(BLOCK_M):
             # the row's inputs once a K step ([G, 32], broadcast over the tile's rows): read in the tile's own
             # shape instead (an L1 hit a weight) the kernel ran 1.12-1.36x slower (H100, 2026-12-06)
