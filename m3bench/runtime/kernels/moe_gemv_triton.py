@@ -13,7 +13,13 @@ import triton
 import triton.language as tl
 
 from m3bench.runtime.kernels.moe_quant_triton import swiglu
-from m3bench.runtime.kernels.mx_tiles_triton import MX_BLOCK, gemv_scales, gemv_weights, last_split, sum_partials
+from m3bench.runtime.kernels.mx_tiles_triton import (
+    MX_BLOCK,
+    gemv_scales,
+    gemv_weights,
+    last_split,
+    sum_partials,
+)
 from m3bench.runtime.kernels.pdl_triton import pdl_wait
 
 
