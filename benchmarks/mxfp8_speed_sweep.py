@@ -31,7 +31,7 @@ from kernels_gpu import time_us
 from mxfp8_gpu import MX_BYTES, NV_BYTES, Shapes, make_experts, rel_err, routing
 from decode_floor import peak_bytes_per_s
 from floor_bandwidth import use_device_bandwidth
-from mxfp8_speed import copies, linear_weights
+from mxfp8_speed import block_major_experts, copies, linear_weights
 
 from m3bench.runtime import quant
 from m3bench.runtime.kernels.backend import KernelBackend, next_pow2
@@ -141,13 +141,6 @@ def sweep_moe_v1(sh: Shapes, batches, dev, gen) -> None:
         bm_us = [time_us([lambda r=r: fused_moe(**r, **bm, backend=TRITON, tiles=tt) for r in rs]) for tt in (rule, t)]
         print(f"    block-major: rule {bm_us[0]:7.1f} us ({floor_us / bm_us[0]:4.0%}) best tiles {bm_us[1]:7.1f} us "
               f"({floor_us / bm_us[1]:4.0%}, {bf_us / bm_us[1]:4.2f}x bf16) err {bm_check:.1e}", flush=True)
-
-
-def block_major_experts(weights: dict) -> dict:
-    """The same MXFP8 experts with block-major weights (quant.block_major; gate and up stay views of one tensor)."""
-    gu = quant.block_major(torch.cat([weights["w_gate"], weights["w_up"]], dim=1))
-    i = weights["w_gate"].shape[1]
-    return weights | {"w_gate": gu[:, :i], "w_up": gu[:, i:], "w_down": quant.block_major(weights["w_down"])}
 
 
 def sweep_linear_v1(dev, gen) -> None:
