@@ -32,8 +32,7 @@ import torch
 from decode_floor import peak_bytes_per_s
 from floor_bandwidth import use_device_bandwidth
 from kernels_gpu import time_us
-from mxfp8_gpu import MX_BYTES, TINY, Shapes, make_experts, rel_err
-from mxfp8_speed import block_major_experts
+from mxfp8_gpu import MX_BYTES, TINY, Shapes, block_major_experts, make_experts, rel_err
 
 from m3bench.runtime.kernels.backend import KernelBackend
 from m3bench.runtime.kernels.moe import MoeTiles, first_generation_tiles, fused_moe, gemv_tiles, moe_tiles, mx_moe_tiles

@@ -8,7 +8,7 @@ decode step of the rank's layers (all 60 in MXFP8: ~54 GB; bf16 as many as fit).
 Kernels, per batch 1..64 (one token a sequence): every linear layer of a rank (qkv + index of an MSA
 layer [1536, 6144], o [6144, 1024], dense gate|up [3072, 6144] and down [6144, 1536], shared expert
 gate|up [768, 6144] and down [6144, 384]) as bf16 `F.linear` (cuBLAS) and as the MXFP8 Triton GEMM
-(kernels/mxfp8.py), and the routed experts as the fused MoE in bf16 and MXFP8: "moe-local" (16 local
+(kernels/mxfp8.py), on weights laid out as the runtime holds them (block-major by default), and the routed experts as the fused MoE in bf16 and MXFP8: "moe-local" (16 local
 experts of 3072, every pick local: the memory-bound case) and "moe-ep" (top-4 over 128, other ranks'
 picks dropped), also with NVFP4 experts (the ModelOpt release's). Bytes moved: weights (bf16 2 B a
 weight, MXFP8 1 + 1/32 B, NVFP4 1/2 + 1/16 B) of the rows read (for the
@@ -43,6 +43,7 @@ from m3bench.runtime.kernels.backend import KernelBackend
 from m3bench.runtime.kernels.moe import MoeScales, fused_moe
 from m3bench.runtime.kernels.mxfp8 import mxfp8_linear
 from m3bench.runtime.kernels.reference import fused_moe_ref
+from m3bench.runtime.layers.weight_format import MX_LAYOUT, MxLayout
 
 TRITON = KernelBackend.TRITON
 MX_BYTES = 1 + 1 / 32
@@ -86,6 +87,28 @@ def mx_weight(n: int, k: int, dev, gen, lead: tuple[int, ...] = ()) -> tuple[tor
     return quant.quant_mxfp8(w)
 
 
+def runtime_block_major() -> bool:
+    """Whether the runtime holds MXFP8 weights block-major (weight_format.MX_LAYOUT)."""
+    return MX_LAYOUT["layout"] is MxLayout.BLOCK_MAJOR
+
+
+def as_runtime_holds(w: torch.Tensor) -> torch.Tensor:
+    """MXFP8 weights [..., N, K] laid out as the runtime holds them (block-major by default)."""
+    return quant.block_major(w) if runtime_block_major() else w
+
+
+def block_major_experts(weights: dict) -> dict:
+    """The same MXFP8 experts with block-major weights (quant.block_major; gate and up stay views of one tensor)."""
+    gu = quant.block_major(torch.cat([weights["w_gate"], weights["w_up"]], dim=1))
+    i = weights["w_gate"].shape[1]
+    return weights | {"w_gate": gu[:, :i], "w_up": gu[:, i:], "w_down": quant.block_major(weights["w_down"])}
+
+
+def runtime_experts(mx: dict) -> dict:
+    """MXFP8 experts (row-major, make_experts) laid out as the runtime holds them."""
+    return block_major_experts(mx) if runtime_block_major() else mx
+
+
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1e-12))
 
@@ -94,7 +117,7 @@ def check_linear(n: int, k: int, dev, gen) -> float:
     w, s = mx_weight(n, k, dev, gen)
     x = torch.randn(8, k, device=dev, generator=gen).to(torch.bfloat16)
     want = F.linear(x.float(), quant.dequant_mxfp8(w, s, torch.float32))
-    return rel_err(mxfp8_linear(x, w, s, backend=TRITON), want)
+    return rel_err(mxfp8_linear(x, as_runtime_holds(w), s, backend=TRITON), want)
 
 
 @dataclass(frozen=True)
@@ -147,6 +170,7 @@ def check_moe(weights: dict, sh: Shapes, dev, gen) -> float:
 def linear_rows(name: str, n: int, k: int, sh: Shapes, dev, gen) -> list[Row]:
     w, s = mx_weight(n, k, dev, gen)
     wb = quant.dequant_mxfp8(w, s, torch.bfloat16)
+    w = as_runtime_holds(w)
     rows = []
     for b in sh.batches:
         act = 2 * b * (n + k)
@@ -164,7 +188,8 @@ def moe_rows(name: str, ex: Experts, n_choice: int, sh: Shapes, dev, gen) -> lis
         rs = [routing(b, n_choice, sh, dev, gen) for _ in range(8 if dev.type == "cuda" else 1)]
         hit = sum(int(torch.unique(r["topk_ids"][r["topk_ids"] >= 0]).numel()) for r in rs) / len(rs)
         act = 4 * b * sh.hidden
-        for label, weights, wbytes in (("bf16", ex.bf16, 2), ("mxfp8", ex.mx, MX_BYTES), ("nvfp4", ex.nv, NV_BYTES)):
+        for label, weights, wbytes in (("bf16", ex.bf16, 2), ("mxfp8", runtime_experts(ex.mx), MX_BYTES),
+                                       ("nvfp4", ex.nv, NV_BYTES)):
             calls = [lambda r=r, weights=weights: fused_moe(**r, **weights, backend=TRITON) for r in rs]
             rows.append(Row(name, label, b, time_us(calls), int(hit * per_expert * wbytes + act)))
     return rows
@@ -184,7 +209,7 @@ def kernel_rows(sh: Shapes, dev, gen) -> list[Row]:
 def run_checks(sh: Shapes, dev, gen) -> dict[str, float]:
     out = {f"linear {n}x{k}": check_linear(n, k, dev, gen) for _, n, k in sh.linears}
     ex = make_experts(sh, dev, gen)
-    out["moe mxfp8"] = check_moe(ex.mx, sh, dev, gen)
+    out["moe mxfp8"] = check_moe(runtime_experts(ex.mx), sh, dev, gen)
     out["moe nvfp4"] = check_moe(ex.nv, sh, dev, gen)
     return out
 

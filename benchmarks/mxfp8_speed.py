@@ -41,7 +41,8 @@ import torch.nn.functional as F
 from decode_floor import peak_bytes_per_s
 from floor_bandwidth import use_device_bandwidth
 from kernels_gpu import time_us
-from mxfp8_gpu import MX_BYTES, NV_BYTES, TINY, Shapes, bench_device, make_experts, rel_err, routing
+from mxfp8_gpu import (MX_BYTES, NV_BYTES, TINY, Shapes, as_runtime_holds, bench_device, make_experts,
+                       rel_err, routing, runtime_experts)
 from read_ceiling import read_us
 
 from m3bench.runtime import quant
@@ -51,7 +52,6 @@ from m3bench.runtime.kernels.moe_quant import quant_moe_tiles
 from m3bench.runtime.kernels.mx_linear import MxKernel, mx_tiles
 from m3bench.runtime.kernels.mxfp8 import linear_tiles, mxfp8_linear
 from m3bench.runtime.kernels.reference import fused_moe_ref
-from m3bench.runtime.layers.weight_format import MX_LAYOUT, MxLayout
 
 TRITON = KernelBackend.TRITON
 COLD_BYTES = 150e6  # weight bytes read by one graph replay
@@ -115,19 +115,13 @@ def copies(weight_bytes: float) -> int:
 
 # ---- linear layers -------------------------------------------------------------------------------
 
-def runtime_block_major() -> bool:
-    """Whether the runtime holds MXFP8 weights block-major (weight_format.MX_LAYOUT)."""
-    return MX_LAYOUT["layout"] is MxLayout.BLOCK_MAJOR
-
-
 def linear_weights(n: int, k: int, count: int, dev, gen):
     """count copies of random MXFP8 weights [n, k]: (fp8 row-major, scales, bf16 dequantized, fp8 as the runtime
     holds it)."""
     out = []
     for _ in range(count):
         w, s = quant.quant_mxfp8(torch.randn(n, k, device=dev, generator=gen) * k ** -0.5)
-        out.append((w, s, quant.dequant_mxfp8(w, s, torch.bfloat16), quant.block_major(w) if runtime_block_major()
-                    else w))
+        out.append((w, s, quant.dequant_mxfp8(w, s, torch.bfloat16), as_runtime_holds(w)))
     return out
 
 
@@ -171,8 +165,7 @@ def moe_row(name: str, ex, n_choice: int, b: int, sh: Shapes, dev, gen) -> list[
     new_t = quant_moe_tiles(b * sh.top_k, sh.n_local, sh.inter, sh.hidden)
     bf16_us = measure([lambda r=r: fused_moe(**r, **ex.bf16, backend=TRITON) for r in rs])
     out = []
-    held = block_major_experts(ex.mx) if runtime_block_major() else ex.mx
-    for fmt, weights, wbytes, runtime in (("mxfp8", ex.mx, MX_BYTES, held), ("nvfp4", ex.nv, NV_BYTES, ex.nv)):
+    for fmt, weights, wbytes, runtime in (("mxfp8", ex.mx, MX_BYTES, runtime_experts(ex.mx)), ("nvfp4", ex.nv, NV_BYTES, ex.nv)):
         impls = {"runtime": lambda r, w=runtime: fused_moe(**r, **w, backend=TRITON),
                  "old": lambda r, w=weights: fused_moe(**r, **w, backend=TRITON, tiles=old_t),
                  "new": lambda r, w=weights: fused_moe(**r, **w, backend=TRITON, tiles=new_t)}
@@ -185,13 +178,6 @@ def moe_row(name: str, ex, n_choice: int, b: int, sh: Shapes, dev, gen) -> list[
         out.append(Row(name, fmt, b, int(weight_bytes + 4 * b * sh.hidden), bf16_us, us["runtime"], us["old"],
                        us["new"], None, errs["runtime"], errs["new"], errs["old"], read_us(int(weight_bytes), dev)[0]))
     return out
-
-
-def block_major_experts(weights: dict) -> dict:
-    """The same MXFP8 experts with block-major weights (quant.block_major; gate and up stay views of one tensor)."""
-    gu = quant.block_major(torch.cat([weights["w_gate"], weights["w_up"]], dim=1))
-    i = weights["w_gate"].shape[1]
-    return weights | {"w_gate": gu[:, :i], "w_up": gu[:, i:], "w_down": quant.block_major(weights["w_down"])}
 
 
 def moe_rows(sh: Shapes, batches, dev, gen) -> list[Row]:

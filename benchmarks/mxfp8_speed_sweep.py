@@ -28,10 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
 import torch.nn.functional as F
 from kernels_gpu import time_us
-from mxfp8_gpu import MX_BYTES, NV_BYTES, Shapes, make_experts, rel_err, routing
+from mxfp8_gpu import MX_BYTES, NV_BYTES, Shapes, block_major_experts, make_experts, rel_err, routing
 from decode_floor import peak_bytes_per_s
 from floor_bandwidth import use_device_bandwidth
-from mxfp8_speed import block_major_experts, copies, linear_weights
+from mxfp8_speed import copies, linear_weights
 
 from m3bench.runtime import quant
 from m3bench.runtime.kernels.backend import KernelBackend, next_pow2
