@@ -8,8 +8,9 @@ decode step of the rank's layers (all 60 in MXFP8: ~54 GB; bf16 as many as fit).
 Kernels, per batch 1..64 (one token a sequence): every linear layer of a rank (qkv + index of an MSA
 layer [1536, 6144], o [6144, 1024], dense gate|up [3072, 6144] and down [6144, 1536], shared expert
 gate|up [768, 6144] and down [6144, 384]) as bf16 `F.linear` (cuBLAS) and as the MXFP8 Triton GEMM
-(kernels/mxfp8.py), on weights laid out as the runtime holds them (block-major by default), and the routed experts as the fused MoE in bf16 and MXFP8: "moe-local" (16 local
-experts of 3072, every pick local: the memory-bound case) and "moe-ep" (top-4 over 128, other ranks'
+(kernels/mxfp8.py) on weights laid out as the runtime holds them (block-major by default), and the routed
+experts as the fused MoE in bf16 and MXFP8: "moe-local" (16 local experts of 3072, every pick local: the
+memory-bound case) and "moe-ep" (top-4 over 128, other ranks'
 picks dropped), also with NVFP4 experts (the ModelOpt release's). Bytes moved: weights (bf16 2 B a
 weight, MXFP8 1 + 1/32 B, NVFP4 1/2 + 1/16 B) of the rows read (for the
 MoE, the distinct local experts routed to) plus activations in and out; % of the floor's bandwidth (the device's
