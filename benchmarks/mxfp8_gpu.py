@@ -27,7 +27,7 @@ import itertools
 import json
 import math
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -148,6 +148,11 @@ def make_experts(sh: Shapes, dev, gen) -> Experts:
     return Experts(bf, mx, nv)
 
 
+def runtime_held(ex: Experts) -> Experts:
+    """The experts with their MXFP8 weights laid out as the runtime holds them (the others as they are)."""
+    return replace(ex, mx=runtime_experts(ex.mx))
+
+
 def routing(n_tok: int, n_choice: int, sh: Shapes, dev, gen) -> dict:
     """Sigmoid top-k over n_choice experts, renormalized x 2; other ranks' picks become -1."""
     w, ids = torch.topk(torch.sigmoid(torch.randn(n_tok, n_choice, device=dev, generator=gen)), sh.top_k, dim=-1)
@@ -189,8 +194,7 @@ def moe_rows(name: str, ex: Experts, n_choice: int, sh: Shapes, dev, gen) -> lis
         rs = [routing(b, n_choice, sh, dev, gen) for _ in range(8 if dev.type == "cuda" else 1)]
         hit = sum(int(torch.unique(r["topk_ids"][r["topk_ids"] >= 0]).numel()) for r in rs) / len(rs)
         act = 4 * b * sh.hidden
-        for label, weights, wbytes in (("bf16", ex.bf16, 2), ("mxfp8", runtime_experts(ex.mx), MX_BYTES),
-                                       ("nvfp4", ex.nv, NV_BYTES)):
+        for label, weights, wbytes in (("bf16", ex.bf16, 2), ("mxfp8", ex.mx, MX_BYTES), ("nvfp4", ex.nv, NV_BYTES)):
             calls = [lambda r=r, weights=weights: fused_moe(**r, **weights, backend=TRITON) for r in rs]
             rows.append(Row(name, label, b, time_us(calls), int(hit * per_expert * wbytes + act)))
     return rows
@@ -201,7 +205,7 @@ def kernel_rows(sh: Shapes, dev, gen) -> list[Row]:
     for name, n, k in sh.linears:
         rows += linear_rows(name, n, k, sh, dev, gen)
         print(f"  timed {name}", flush=True)
-    ex = make_experts(sh, dev, gen)
+    ex = runtime_held(make_experts(sh, dev, gen))
     rows += moe_rows("moe-local", ex, sh.n_local, sh, dev, gen)
     rows += moe_rows("moe-ep", ex, sh.n_routed, sh, dev, gen)
     return rows
@@ -209,8 +213,8 @@ def kernel_rows(sh: Shapes, dev, gen) -> list[Row]:
 
 def run_checks(sh: Shapes, dev, gen) -> dict[str, float]:
     out = {f"linear {n}x{k}": check_linear(n, k, dev, gen) for _, n, k in sh.linears}
-    ex = make_experts(sh, dev, gen)
-    out["moe mxfp8"] = check_moe(runtime_experts(ex.mx), sh, dev, gen)
+    ex = runtime_held(make_experts(sh, dev, gen))
+    out["moe mxfp8"] = check_moe(ex.mx, sh, dev, gen)
     out["moe nvfp4"] = check_moe(ex.nv, sh, dev, gen)
     return out
 

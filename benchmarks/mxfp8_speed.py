@@ -157,15 +157,16 @@ def linear_rows(sh: Shapes, batches, dev, gen) -> list[Row]:
 
 # ---- routed experts ------------------------------------------------------------------------------
 
-def moe_row(name: str, ex, n_choice: int, b: int, sh: Shapes, dev, gen) -> list[Row]:
-    """One row per expert format: the same routings through bf16, the first and the new kernels."""
+def moe_row(name: str, ex, held: dict, n_choice: int, b: int, sh: Shapes, dev, gen) -> list[Row]:
+    """One row per expert format: the same routings through bf16, the runtime's (MXFP8 experts `held` as the runtime
+    holds them), the first and the new kernels."""
     rs = [routing(b, n_choice, sh, dev, gen) for _ in range(8 if dev.type == "cuda" else 1)]
     hit = sum(int(torch.unique(r["topk_ids"][r["topk_ids"] >= 0]).numel()) for r in rs) / len(rs)
     old_t = moe_tiles(b * sh.top_k, sh.n_local, sh.inter, sh.hidden)
     new_t = quant_moe_tiles(b * sh.top_k, sh.n_local, sh.inter, sh.hidden)
     bf16_us = measure([lambda r=r: fused_moe(**r, **ex.bf16, backend=TRITON) for r in rs])
     out = []
-    for fmt, weights, wbytes, runtime in (("mxfp8", ex.mx, MX_BYTES, runtime_experts(ex.mx)), ("nvfp4", ex.nv, NV_BYTES, ex.nv)):
+    for fmt, weights, wbytes, runtime in (("mxfp8", ex.mx, MX_BYTES, held), ("nvfp4", ex.nv, NV_BYTES, ex.nv)):
         impls = {"runtime": lambda r, w=runtime: fused_moe(**r, **w, backend=TRITON),
                  "old": lambda r, w=weights: fused_moe(**r, **w, backend=TRITON, tiles=old_t),
                  "new": lambda r, w=weights: fused_moe(**r, **w, backend=TRITON, tiles=new_t)}
@@ -182,10 +183,11 @@ def moe_row(name: str, ex, n_choice: int, b: int, sh: Shapes, dev, gen) -> list[
 
 def moe_rows(sh: Shapes, batches, dev, gen) -> list[Row]:
     ex = make_experts(sh, dev, gen)
+    held = runtime_experts(ex.mx)  # laid out once for every row
     rows = []
     for name, n_choice in (("moe-local", sh.n_local), ("moe-ep", sh.n_routed)):
         for b in batches:
-            rows += moe_row(name, ex, n_choice, b, sh, dev, gen)
+            rows += moe_row(name, ex, held, n_choice, b, sh, dev, gen)
             print(table_line(rows[-2]) + "\n" + table_line(rows[-1]), flush=True)
     return rows
 
