@@ -115,13 +115,14 @@ def copies(weight_bytes: float) -> int:
 
 # ---- linear layers -------------------------------------------------------------------------------
 
-def linear_weights(n: int, k: int, count: int, dev, gen):
+def linear_weights(n: int, k: int, count: int, dev, gen, runtime_copy: bool = True):
     """count copies of random MXFP8 weights [n, k]: (fp8 row-major, scales, bf16 dequantized, fp8 as the runtime
-    holds it)."""
+    holds it; None without runtime_copy, for callers that lay the weights out themselves)."""
     out = []
     for _ in range(count):
         w, s = quant.quant_mxfp8(torch.randn(n, k, device=dev, generator=gen) * k ** -0.5)
-        out.append((w, s, quant.dequant_mxfp8(w, s, torch.bfloat16), as_runtime_holds(w)))
+        held = as_runtime_holds(w) if runtime_copy else None
+        out.append((w, s, quant.dequant_mxfp8(w, s, torch.bfloat16), held))
     return out
 
 

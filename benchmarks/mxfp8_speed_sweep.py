@@ -72,7 +72,7 @@ def best_of(cands, run, check) -> tuple[float, object]:
 
 
 def sweep_linear(n: int, k: int, batches, dev, gen) -> None:
-    ws = linear_weights(n, k, copies(n * k * MX_BYTES), dev, gen)
+    ws = linear_weights(n, k, copies(n * k * MX_BYTES), dev, gen, runtime_copy=False)
     floor_us = n * k * MX_BYTES / peak_bytes_per_s() * 1e6
     for m in batches:
         xs = [torch.randn(m, k, device=dev, generator=gen).to(torch.bfloat16) for _ in ws]
@@ -149,7 +149,7 @@ def sweep_linear_v1(dev, gen) -> None:
     from m3bench.runtime.kernels.mxfp8 import linear_tiles
 
     for name, n, k in (("qkv+index", 1920, 6144), ("o_proj", 6144, 1024), ("dense gate|up", 3072, 6144)):
-        ws = linear_weights(n, k, copies(n * k * MX_BYTES), dev, gen)
+        ws = linear_weights(n, k, copies(n * k * MX_BYTES), dev, gen, runtime_copy=False)
         bms = [quant.block_major(w[0]) for w in ws]
         floor_us = n * k * MX_BYTES / peak_bytes_per_s() * 1e6
         for m in (4, 16):
@@ -184,7 +184,7 @@ def v1_linear_candidates(m: int, n: int, k: int):
 def block_major_calls(n: int, k: int, rows, dev, gen):
     """Per row count m of `rows`: (m, run, check) over block-major copies of random MXFP8 weights [n, k] (one copy a
     call, cold): run(tiles) the calls to time, check(tiles) the first call's error against fp32."""
-    ws = linear_weights(n, k, copies(n * k * MX_BYTES), dev, gen)
+    ws = linear_weights(n, k, copies(n * k * MX_BYTES), dev, gen, runtime_copy=False)
     bms = [(quant.block_major(w[0]), w[1]) for w in ws]
     for m in rows:
         xs = [torch.randn(m, k, device=dev, generator=gen).to(torch.bfloat16) for _ in ws]
