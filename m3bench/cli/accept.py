@@ -97,7 +97,8 @@ def _smoke(o: dict[str, Any]) -> dict[str, Any]:
         raise M3BenchError("--draft needs --model (without both: the smoke run on the tiny checkpoint)")
     engine = replace(smoke_engine(o["engine"]), draft=shipped_tiny_skill_eagle3())
     return {**o, "model": shipped_tiny_skill(), "engine": engine, "model_id": SMOKE_MODEL_ID,
-            "limit": o["limit"] or SMOKE_LIMIT, "max_tokens": o["max_tokens"] or SMOKE_MAX_TOKENS,
+            "limit": SMOKE_LIMIT if o["limit"] is None else o["limit"],
+            "max_tokens": SMOKE_MAX_TOKENS if o["max_tokens"] is None else o["max_tokens"],
             "data_dir": o["data_dir"] or smoke_data_dir()}
 
 

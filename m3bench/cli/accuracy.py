@@ -179,8 +179,9 @@ def _smoke(opts: Options) -> int:
                    data_dir=opts.data_dir or smoke_data_dir())
     smoke = {s.task: s for s in SMOKE_TASKS}
     chosen = SMOKE_TASKS if opts.tasks is None else [smoke.get(t, SmokeTask(t, SMOKE_LIMIT, None, None)) for t in opts.tasks]
-    plans = [_plan(opts, s.task, opts.limit or s.limit, s.num_fewshot if opts.num_fewshot is None else opts.num_fewshot,
-                   opts.max_tokens or s.max_tokens) for s in chosen]
+    plans = [_plan(opts, s.task, s.limit if opts.limit is None else opts.limit,
+                   s.num_fewshot if opts.num_fewshot is None else opts.num_fewshot,
+                   s.max_tokens if opts.max_tokens is None else opts.max_tokens) for s in chosen]
     return _run_plans(opts, plans)
 
 

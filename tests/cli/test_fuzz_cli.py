@@ -32,6 +32,7 @@ SWEEP = {"": ["sweep"], "--model": "{tiny}", "--out": "{tmp}/sweep", "--concurre
 INT_BAD = ["x", "1.5", "", "0x10", "1e3"]  # not integers: usage errors
 FLOAT_BAD = ["x", "", "1,5"]
 MISSING = "{tmp}/no/such/path"
+SMOKE_BAD = [["--limit", "0"], ["--max-tokens", "0"], ["--limit", "-2"]]
 
 
 def variant(base: dict, **changes) -> list[str]:
@@ -115,6 +116,7 @@ def accuracy_cases() -> list:
     c += _each(ACC, "draft", [MISSING])
     c += _each(ACC, "device", ["tpu"], OWNER_15)
     c += _each(ACC, "model", ["{files}/cfg_hidden_big", "{files}/cfg_layers_float"], OWNER_16)
+    c += [(["accuracy", *bad], None) for bad in SMOKE_BAD]  # no --model: the smoke run's defaults must not hide them
     return c
 
 
@@ -127,6 +129,7 @@ def accept_cases() -> list:
     c += [(variant(ACCEPT, reference="{files}/ref.yaml"), None)]
     c += _each(ACCEPT, "out", ["{files}/text.txt"]) + _each(ACCEPT, "junit", ["{files}/empty_dir"])
     c += _each(ACCEPT, "data_dir", [MISSING, "{files}/text.txt", "{files}/data_gsm_no_marker"])
+    c += [(["accept", *bad], None) for bad in SMOKE_BAD]
     return c
 
 
