@@ -21,6 +21,7 @@ the CUDA-graph reserve are estimates, stated in `PlanSettings` so a user can cha
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -314,8 +315,10 @@ def _check_settings(cfg: ModelConfig, s: PlanSettings) -> None:
     for what, n in (("num_attention_heads", cfg.num_heads), ("vocab_size", cfg.vocab_size)):
         if n % s.split:
             raise InputError(f"{what} {n} does not split over TP {s.tp}")
-    if s.page_tokens < 1 or s.max_num_seqs < 1 or s.max_num_tokens < 1 or s.gpu_memory_gib <= 0:
-        raise InputError("page_tokens, max_num_seqs, max_num_tokens and gpu_memory_gib must be positive")
+    if s.page_tokens < 1 or s.max_num_seqs < 1 or s.max_num_tokens < 1:
+        raise InputError("page_tokens, max_num_seqs and max_num_tokens must be positive")
+    if not 0 < s.gpu_memory_gib < math.inf:
+        raise InputError(f"gpu_memory_gib must be a positive finite number, got {s.gpu_memory_gib}")
     if not 0 < s.gpu_memory_utilization <= 1:
         raise InputError(f"gpu_memory_utilization must be in (0, 1], got {s.gpu_memory_utilization}")
 

@@ -57,6 +57,9 @@ def test_dir_reads_the_checkpoint_format(tmp_path):
     (("--preset", "minimax-m3", "--tp", "3"), "split over"),
     (("/nonexistent-dir",), "is not a directory"),
     (("--preset", "minimax-m3", "--tp", "8", "--attention-dp", "--ep", "4"), "leave out --ep"),
+    *[(("--preset", "minimax-m3", "--gpu-memory-gib", v), "gpu_memory_gib must be a positive finite")
+      for v in ("nan", "inf", "-1", "0")],
+    (("--preset", "minimax-m3", "--gpu-memory-utilization", "nan"), "gpu_memory_utilization must be in"),
 ])
 def test_bad_input_is_exit_2(args, needle):
     r = _plan(*args)
