@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable
 
+from m3bench.runtime.errors import InputError
+
 
 @dataclass(frozen=True)
 class RequestRecord:
@@ -104,6 +106,12 @@ class Slo:
     ttft_ms: float | None = None
     tpot_ms: float | None = None
     e2el_ms: float | None = None
+
+    def __post_init__(self):
+        for name in ("ttft_ms", "tpot_ms", "e2el_ms"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:  # nan fails too
+                raise InputError(f"--slo-{name.replace('_', '-')} must be a positive number of ms, got {value}")
 
 
 def write_records(path: Path, records: Iterable[RequestRecord]) -> None:

@@ -168,6 +168,8 @@ def sweep_cases() -> list:
           (variant(SWEEP, model=None), None), (variant(SWEEP, serve=True, tp="0"), None),
           (variant(SWEEP, synthetic_acceptance="2.0"), None)]
     c += _each(SWEEP, "request_rate", ["0", "nan", "-1", "-inf"]) + _each(SWEEP, "burstiness", ["0", "nan"])
+    c += _each(SWEEP, "slo_ttft_ms", ["nan", "-5", "0"]) + _each(SWEEP, "slo_tpot_ms", ["nan"])
+    c += _each(SWEEP, "slo_e2el_ms", ["-1"])
     c += _each(SWEEP, "repeats", ["0"]) + _each(SWEEP, "num_prompts", ["0"]) + _each(SWEEP, "warmup", ["-1"])
     c += _each(SWEEP, "model", [MISSING])
     return c
