@@ -46,7 +46,8 @@ class Scheduler:
         self.waiting.append(seq)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        """Sequences to run, or dropped ones whose finish the next step still has to report."""
+        return bool(self.waiting or self.running or self.dropped)
 
     def schedule(self) -> ScheduledBatch | None:
         """Plan one step (None when nothing can run)."""

@@ -34,6 +34,13 @@ def test_json_per_prompt(ckpt):
         assert all(lp <= 0 for lp in rec["logprobs"])
 
 
+def test_max_tokens_zero_prints_empty_outputs(ckpt):
+    r = _run("--model", ckpt, "--prompt-ids", "3,4,5", "--max-tokens", "0", "--json", *FAST)
+    assert r.exit_code == 0, r.output
+    rec = json.loads(r.stdout.strip())
+    assert rec["token_ids"] == [] and rec["text"] == ""
+
+
 def test_greedy_is_deterministic_and_matches_the_api(ckpt):
     args = ("--model", ckpt, "--prompt-ids", "7,8,9,10", "--max-tokens", "6", "--json", *FAST)
     a, b = _run(*args), _run(*args)

@@ -115,6 +115,14 @@ def test_max_tokens_zero_and_mixed_params(llm):
     assert any(d.request_id == rid and d.finished for d in llm.step())
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_max_tokens_zero_alone_finishes(ckpt, overlap):
+    """Only requests with nothing to generate: the engine reports them finished (it once went idle before)."""
+    llm = LLM(ckpt, async_scheduling=overlap, **KW)
+    outs = llm.generate([[5, 6, 7], [8, 9]], SamplingParams(max_tokens=0))
+    assert [(o.token_ids, o.finish_reason) for o in outs] == [([], "length")] * 2 and not llm.has_unfinished()
+
+
 def test_graph_batch_sizes():
     from m3bench.runtime.engine import graph_batch_sizes
 
