@@ -132,6 +132,8 @@ def register(app: typer.Typer) -> None:
         tasks = None if task is None else tuple(t.strip() for t in task.split(",") if t.strip())
         if tasks == ():
             raise M3BenchError(f"--task {task!r} names no task (e.g. --task mmlu,gsm8k)")
+        if tasks is not None and len(set(tasks)) < len(tasks):
+            raise M3BenchError(f"--task {task!r} names a task twice (each task runs once, into one record)")
         opts = Options(model, tasks, limit, num_fewshot, backend, base_url, reference, no_reference, out, data_dir,
                        junit, max_tokens, model_id, quant_algo, extra_acc_spec, seed, progress, engine, baseline,
                        sequential, sequential_batch)

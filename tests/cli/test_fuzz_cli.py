@@ -96,7 +96,7 @@ def checkpoint_cases() -> list:
 
 
 def accuracy_cases() -> list:
-    c = _each(ACC, "task", ["bogus", "", ",", "mmlu,bogus"]) + _each(ACC, "limit", ["0", "-1", *INT_BAD])
+    c = _each(ACC, "task", ["bogus", "", ",", "mmlu,bogus", "gsm8k,gsm8k", "mmlu, mmlu"]) + _each(ACC, "limit", ["0", "-1", *INT_BAD])
     c += _each(ACC, "num_fewshot", ["-1", "x"]) + _each(ACC, "backend", ["bogus", ""])
     c += [(variant(ACC, backend="openai", model="tiny"), None),
           (variant(ACC, backend="openai", base_url="http://127.0.0.1:9", draft="{draft}"), None)]
