@@ -25,7 +25,7 @@ from typing import Annotated, Any, AsyncIterator, Literal, Union
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from m3bench.bench.server_errors import ApiError, error_body, install_error_handlers, internal_error_body, parse_json_body
 from m3bench.runtime.async_llm import EngineDead
@@ -112,6 +112,12 @@ class ChatRequest(_Sampling):
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
+
+    @model_validator(mode="after")
+    def _top_logprobs_need_logprobs(self):
+        if self.top_logprobs is not None and not self.logprobs:  # as OpenAI and vLLM refuse it
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
 
 
 # ---- the app ----------------------------------------------------------------------------------

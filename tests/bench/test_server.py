@@ -135,6 +135,9 @@ def test_malformed_requests_get_4xx_json(served):
         assert "message" in r.json()["error"]
     r = _post(served, json.dumps({"model": "tiny", "messages": []}).encode(), "/v1/chat/completions")
     assert r.status_code == 400
+    hi = [{"role": "user", "content": "hi"}]
+    r = _post(served, json.dumps({"model": "tiny", "messages": hi, "top_logprobs": 2}).encode(), "/v1/chat/completions")
+    assert r.status_code == 400 and "top_logprobs needs logprobs" in r.json()["error"]["message"]
     with pytest.raises(openai.BadRequestError, match="maximum context length"):
         _client(served).completions.create(model="tiny", prompt=[5] * (limit + 10), max_tokens=1)
     assert _client(served).models.list().data  # still serving
