@@ -30,21 +30,31 @@ HELP = {
 def register(app: typer.Typer) -> None:
     @app.command("gate")
     def gate(
+        ctx: typer.Context,
         plan: Path = typer.Argument(..., help=HELP["plan"]),
         junit: Optional[Path] = typer.Option(None, "--junit", help=HELP["junit"]),
         markdown: Optional[Path] = typer.Option(None, "--markdown", help=HELP["markdown"]),
         log_dir: Path = typer.Option(Path("results/gate-logs"), "--log-dir", help=HELP["log_dir"]),
     ) -> None:
         """Run a gate plan's checks; one verdict (table, JUnit, Markdown); exit code of the worst check."""
-        raise typer.Exit(_run(plan, junit, markdown, log_dir))
+        raise typer.Exit(_run(plan, junit, markdown, log_dir, negatable_flags(ctx.find_root().command)))
+
+
+def negatable_flags(root) -> dict:
+    """Per check command, the --no- forms of its options (--progress/--no-progress: '--no-progress'), from the
+    app's own option table: a plan's `flag: false` becomes that form, or is left out where there is none."""
+    from m3bench.evals.gate_plan import CheckCommand
+
+    return {c: frozenset(o for p in root.commands[c.value].params for o in getattr(p, "secondary_opts", ()))
+            for c in CheckCommand}
 
 
 @user_errors
-def _run(plan_path: Path, junit: Path | None, markdown: Path | None, log_dir: Path) -> int:
+def _run(plan_path: Path, junit: Path | None, markdown: Path | None, log_dir: Path, negatable: dict) -> int:
     from m3bench.evals.gate_plan import load_plan
     from m3bench.evals.gate_run import run_check, worst_exit
 
-    plan = load_plan(plan_path)
+    plan = load_plan(plan_path, negatable)
     results = [run_check(check, log_dir) for check in plan.checks]
     code = worst_exit(results)
     print_table(plan.name, results, code)

@@ -27,7 +27,8 @@ def _write(path: Path, doc) -> Path:
 
 def test_option_words_and_plan_loading(tmp_path):
     assert option_words("no_reference", True) == ["--no-reference"]
-    assert option_words("progress", False) == ["--no-progress"]
+    assert option_words("progress", False, frozenset({"--no-progress"})) == ["--no-progress"]
+    assert option_words("no_reference", False, frozenset({"--no-progress"})) == []  # no --no- form: left out
     assert option_words("task", ["mmlu", "gsm8k"]) == ["--task", "mmlu,gsm8k"]
     assert option_words("limit", 8) == ["--limit", "8"] and option_words("x", None) == []
     plan = load_plan(_write(tmp_path / "p.yaml", {"checks": [
@@ -35,6 +36,24 @@ def test_option_words_and_plan_loading(tmp_path):
         {"name": "b", "command": "sweep", "args": ["--tp", "1"], "timeout_s": 60}]}))
     assert plan.name == "p" and [c.command for c in plan.checks] == [CheckCommand.ACCURACY, CheckCommand.SWEEP]
     assert plan.checks[0].args == ("--task", "mmlu", "--limit", "5") and plan.checks[1].timeout_s == 60
+
+
+def test_false_flags_follow_the_commands_option_table(tmp_path):
+    """`flag: false` is the command's --no- form where it has one (the app's own table), else left out: a plan
+    saying `no_reference: false` or `sequential: false` once ran `--no-no-reference` and failed as bad input."""
+    from m3bench.cli.gate import negatable_flags
+    from m3bench.cli.main import app
+    from typer.main import get_command
+
+    table = negatable_flags(get_command(app))
+    assert {"--no-progress", "--no-prefix-caching"} <= table[CheckCommand.ACCURACY]
+    assert "--no-sequential" not in table[CheckCommand.ACCURACY] and "--no-serve" not in table[CheckCommand.SWEEP]
+    plan = load_plan(_write(tmp_path / "p.yaml", {"checks": [
+        {"name": "a", "command": "accuracy", "args": {"no_reference": False, "sequential": False, "progress": False,
+                                                      "prefix_caching": False, "task": "mmlu"}},
+        {"name": "b", "command": "sweep", "args": {"serve": False, "tp": 1}}]}), table)
+    assert plan.checks[0].args == ("--no-progress", "--no-prefix-caching", "--task", "mmlu")
+    assert plan.checks[1].args == ("--tp", "1")
 
 
 @pytest.mark.parametrize("doc, message", [
