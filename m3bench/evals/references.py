@@ -100,7 +100,11 @@ class AccuracyReference:
     ceiling: float | None = None  # a golden of a deterministic run: scores above it fail too
 
     def gate(self, n: int) -> Gate:
+        """The gate at n samples. A fixed threshold / ceiling (a golden's band, a few items either side of its
+        own run) holds only at the reference's num_samples; at another n the hypothesis test at n decides."""
         sigma = sigma_from_reference(self.accuracy) if self.sigma == SIGMA_FROM_REFERENCE else float(self.sigma)
+        if self.num_samples is not None and n != self.num_samples:
+            return make_gate(self.accuracy, n, sigma, self.alpha, self.beta)
         return make_gate(self.accuracy, n, sigma, self.alpha, self.beta, self.threshold, self.ceiling)
 
     def to_dict(self) -> dict[str, Any]:

@@ -55,6 +55,22 @@ def test_exact_match_and_first_wins(ref_file):
     assert find_accuracy_reference("gsm8k", "org/model", RunSpec(), zero_shot, ref_file).accuracy == 40.0
 
 
+def test_a_golden_band_holds_only_at_its_own_sample_count():
+    """A golden's fixed floor and ceiling are a few items either side of its own n-item run; a 1-item run once
+    failed a 100% score against the 200-item band 79.5..81.5. At another n the hypothesis test at n decides."""
+    from m3bench.evals.gate import Verdict
+    from m3bench.evals.references import AccuracyReference
+
+    golden = AccuracyReference("m", RunSpec(), GSM, accuracy=80.5, threshold=79.5, ceiling=81.5, num_samples=200)
+    own = golden.gate(200)
+    assert (own.threshold, own.ceiling) == (79.5, 81.5) and own.verdict(82.0) is Verdict.FAIL
+    small = golden.gate(10)
+    assert small.ceiling is None and small.threshold < 60 and small.verdict(100.0) is Verdict.PASS
+    assert small.verdict(0.0) is Verdict.FAIL  # still able to fail
+    unsized = AccuracyReference("m", RunSpec(), GSM, accuracy=68.0, threshold=60.0)
+    assert unsized.gate(7).threshold == 60.0  # no num_samples: the floor holds at any n
+
+
 @pytest.mark.parametrize("other", [
     ProtocolSpec("gsm8k", "v2", 5, False, 256), ProtocolSpec("gsm8k", "v1", 3, False, 256),
     ProtocolSpec("gsm8k", "v1", 5, True, 256), ProtocolSpec("gsm8k", "v1", 5, False, 512),
