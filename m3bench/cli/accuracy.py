@@ -338,22 +338,26 @@ def print_table(summaries: list[dict[str, Any]], model_id: str) -> None:
 def _verdict_table(summaries: list[dict[str, Any]], model_id: str):
     from rich.table import Table
 
+    from m3bench.evals.scoring import plus_minus
+
     table = Table(title=f"accuracy: {model_id}")
     for col in ("task", "protocol", "n", "score", "metrics", "reference", "threshold", "theta", "cap hit", "verdict"):
         table.add_column(col)
     for s in summaries:
         ref = s["reference"]
         metrics = ", ".join(f"{k} {v['score']:.2f}" for k, v in s["metrics"].items())
-        table.add_row(s["task"], s["protocol"], str(s["n"]), f"{s['score']:.2f} ± {s['stderr']:.2f}", metrics,
+        table.add_row(s["task"], s["protocol"], str(s["n"]), f"{s['score']:.2f} {plus_minus(s['stderr'])}", metrics,
                       _fmt(ref["accuracy"] if ref else None), _bounds(s), _fmt(s["theta"]),
                       str(s["cap_hit"]), s["verdict"])
     return table
 
 
 def paired_line(s: dict[str, Any]) -> str:
+    from m3bench.evals.scoring import plus_minus
+
     p, b = s["paired"], s["baseline"]
     return (f"{s['task']} vs baseline {b['run_key']} ({b['score']:.2f}): paired difference {p['difference']:+.2f} "
-            f"± {p['stderr']:.2f}, McNemar {p['metric']} b={p['baseline_only_right']} c={p['current_only_right']} "
+            f"{plus_minus(p['stderr'])}, McNemar {p['metric']} b={p['baseline_only_right']} c={p['current_only_right']} "
             f"p={p['p_value']:.4g} (alpha {p['alpha']}) -> {p['verdict']}")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
+from m3bench.evals.scoring import plus_minus
 from m3bench.junit import JUnitCase
 from m3bench.junit import write_junit as write_cases
 
@@ -28,7 +29,7 @@ def _case(summary: dict[str, Any], model_id: str) -> JUnitCase:
 def _paired_case(summary: dict[str, Any], cls: str, name: str, line: str) -> JUnitCase:
     p = summary["paired"]
     detail = (f"{line}; vs baseline {summary['baseline']['run_key']}: difference {p['difference']:+.2f} "
-              f"± {p['stderr']:.2f}, McNemar p={p['p_value']:.4g}")
+              f"{plus_minus(p['stderr'])}, McNemar p={p['p_value']:.4g}")
     if summary["verdict"] == "fail":
         return JUnitCase(cls, name, detail, failure=f"{detail} < alpha {p['alpha']}", failure_type="AccuracyRegression")
     return JUnitCase(cls, name, detail)

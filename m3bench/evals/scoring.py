@@ -83,6 +83,11 @@ class Score:
         return {"score": self.value, "stderr": self.stderr, "n": self.n}
 
 
+def plus_minus(stderr: float | None) -> str:
+    """`± 1.23`, or `± n/a` where the standard error is undefined (one item: NaN; null in a record)."""
+    return "± n/a" if stderr is None or not math.isfinite(stderr) else f"± {stderr:.2f}"
+
+
 def mean_score(values: Sequence[float]) -> Score:
     """Score of 0/1 verdicts (or 0..1 item values); an empty sample is an error, never 0."""
     n = len(values)

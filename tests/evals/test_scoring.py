@@ -6,7 +6,7 @@ import pytest
 
 from m3bench.evals.scoring import (
     INVALID, argmax_index, extract_flexible_last, extract_strict_first, extract_strict_last, gsm8k_match,
-    gsm8k_normalize, mean_score, mmlu_gen_correct,
+    gsm8k_normalize, mean_score, mmlu_gen_correct, plus_minus,
 )
 
 GOLD = "Janet sells 16 - 3 - 4 = <<16-3-4=9>>9 duck eggs a day.\nShe makes 9 * 2 = $<<9*2=18>>18.\n#### 1,018"
@@ -67,3 +67,11 @@ def test_mean_score_matches_bernoulli_stderr():
     assert s.stderr == pytest.approx(100 * math.sqrt(0.75 * 0.25 / 3))
     with pytest.raises(ValueError):
         mean_score([])
+
+
+def test_one_item_has_no_stderr_and_says_so():
+    """One item: the sample std is undefined (NaN in the Score, null in a record); shown as n/a, never 'nan'."""
+    s = mean_score([1])
+    assert s.value == 100.0 and math.isnan(s.stderr)
+    assert plus_minus(s.stderr) == "± n/a" and plus_minus(None) == "± n/a"
+    assert plus_minus(mean_score([1, 0]).stderr) == "± 50.00"
