@@ -7,6 +7,7 @@ moe_quant.quant_moe_tiles should pick): every candidate checked against fp32, ti
     python benchmarks/mxfp8_speed_sweep.py linear-v1  # its linears at 4 / 16 rows; both: row- and block-major
     python benchmarks/mxfp8_speed_sweep.py linear-v1-tiles   # their tiles (block-major): rule and best candidate
     python benchmarks/mxfp8_speed_sweep.py gemv-tiles  # the GEMV's tiles at one row, every linear (block-major)
+    python benchmarks/mxfp8_speed_sweep.py dot-tiles   # 64 rows, every linear: the dot's and the first kernel's tiles
 
 Linear rows: qkv+index [1536, 6144] and o_proj [6144, 1024] of a TP8 rank at batch 1, 4, 16, 64 (GEMV and
 dot kernels, BLOCK_N / BLOCK_K / stages / split targets); MoE rows: moe-local (16 experts, every pick local)
@@ -241,13 +242,47 @@ def sweep_gemv_tiles(dev, gen, rows=(1, 2, 4)) -> None:
                   flush=True)
 
 
+def dot_candidates(m: int, n: int, k: int):
+    """The dot kernel's tiles at m rows: BLOCK_N 32 / 64 / 128, BLOCK_K 128 / 256, every split of K into 1-16 pieces
+    of whole K steps (BLOCK_M the rows padded to 16..64, 3 stages; 8 warps at BLOCK_N 128). At 64 rows a split's
+    fp32 partials are 64 x N x 4 bytes: the rule's 3-16 pieces write and read more partial bytes than weight bytes."""
+    for bn, bk in itertools.product((32, 64, 128), (128, 256)):
+        steps = k // bk if k % bk == 0 else 0
+        for split in (1, 2, 3, 4, 6, 8, 12, 16):
+            if steps and steps % split == 0:
+                yield MxTiles(MxKernel.DOT, min(64, max(16, next_pow2(m))), bn, bk, split, 8 if bn == 128 else 4, 3)
+
+
+def sweep_dot_tiles(dev, gen, rows=(64,)) -> None:
+    """Every linear at `rows` on block-major weights: bf16 (cuBLAS), the rule's kernel and tiles (what AUTO runs),
+    the best dot candidate and the best first-kernel candidate, each checked against fp32 first."""
+    from m3bench.runtime.kernels.mxfp8 import linear_tiles
+    from m3bench.runtime.kernels.quant_kernels import QuantKernels, linear_generation
+
+    for name, n, k in Shapes().linears:
+        floor_us = n * k * MX_BYTES / peak_bytes_per_s() * 1e6
+        w16 = [torch.randn(n, k, device=dev, generator=gen).to(torch.bfloat16) for _ in range(copies(n * k * 2))]
+        for m, run, check in block_major_calls(n, k, rows, dev, gen):
+            x = torch.randn(m, k, device=dev, generator=gen).to(torch.bfloat16)
+            bf16_us = time_us([lambda w=w, x=x: F.linear(x, w) for w in w16])
+            v1 = linear_generation(m) is QuantKernels.V1
+            rule = linear_tiles(m, n, k) if v1 else mx_tiles(m, n, k)
+            rule_us = time_us(run(rule))
+            dot_us, dot = best_of(dot_candidates(m, n, k), run, check)
+            first_us, first = best_of(v1_linear_candidates(m, n, k), run, check)
+            print(f"{name} M={m}: floor {floor_us:5.1f} | bf16 {bf16_us:6.1f} | rule {rule_us:6.1f} us "
+                  f"({floor_us / rule_us:4.0%}) {rule} | dot {dot_us:6.1f} ({floor_us / dot_us:4.0%}) {dot} | "
+                  f"first {first_us:6.1f} ({floor_us / first_us:4.0%}) {first}", flush=True)
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("no CUDA device: run on the H200", file=sys.stderr)
         return 2
     part = sys.argv[1] if len(sys.argv) > 1 else "linear"
-    if part not in ("linear", "moe", "moe-v1", "linear-v1", "linear-v1-tiles", "gemv-tiles"):
-        print(f"unknown part {part!r}: linear, moe, moe-v1, linear-v1, linear-v1-tiles or gemv-tiles", file=sys.stderr)
+    parts = ("linear", "moe", "moe-v1", "linear-v1", "linear-v1-tiles", "gemv-tiles", "dot-tiles")
+    if part not in parts:
+        print(f"unknown part {part!r}: one of {', '.join(parts)}", file=sys.stderr)
         return 2
     dev, gen = torch.device("cuda"), torch.Generator(device="cuda").manual_seed(0)
     print(use_device_bandwidth(dev), flush=True)
@@ -262,6 +297,8 @@ def main() -> int:
         sweep_linear_v1_tiles(dev, gen)
     elif part == "gemv-tiles":
         sweep_gemv_tiles(dev, gen)
+    elif part == "dot-tiles":
+        sweep_dot_tiles(dev, gen)
     else:
         sweep_moe(Shapes(), (1, 16, 64), dev, gen)
     return 0
