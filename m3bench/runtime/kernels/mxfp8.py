@@ -33,6 +33,12 @@ from m3bench.runtime.kernels.mx_linear import (
 from m3bench.runtime.kernels.quant_kernels import QuantKernels, linear_generation
 
 MIN_SPLIT_STEPS = 2  # 128-wide K steps a split keeps at least (o_proj, 8 steps: 4 splits ran fastest)
+# BLOCK_M 64 (33-64 rows): (programs an SM in the wave, K steps a split at least, warps). H100 sweep at 64 rows
+# (benchmarks/mxfp8_speed_sweep.py dot-tiles, 2026-12-07, block-major), best first-kernel tiles, us: qkv + index
+# 32-wide x 8 splits 18.5, o_proj 1 split 11.3, dense gate|up 4 splits 28.3, dense down 1 16.0, shared gate|up 8
+# 14.7, shared down 1 6.2 (4 warps), where the rule of 16 / 32 rows (3 an SM, 2 steps, 8 warps) split 16 / 4 / 8 /
+# 4 / 16 / 1 ways: fewer, longer splits, as the partials grow with the rows
+ROWS64 = (2, 6, 4)
 
 
 @dataclass(frozen=True)
@@ -52,13 +58,15 @@ def linear_tiles(m: int, n: int, k: int = 0, sms: int = SMS) -> LinearTiles:
     (mx_linear.PER_SM). H100 sweep on block-major weights (benchmarks/mxfp8_speed_sweep.py linear-v1-tiles,
     2026-12-06), 4 / 16 rows: qkv + index 1920 x 6144 11.4 /
     12.3 us with 12 splits against 13.4 / 14.8 with 16 (the rule before: doubling to two waves); o_proj 4 splits
-    and dense gate|up 8 as before; shared gate|up 768 x 6144 BLOCK_N 32 x 16 splits 8.0 / 8.3 against 8.5 / 9.2."""
+    and dense gate|up 8 as before; shared gate|up 768 x 6144 BLOCK_N 32 x 16 splits 8.0 / 8.3 against 8.5 / 9.2.
+    BLOCK_M 64 (33-64 rows) takes ROWS64's wave and split: each split's fp32 partials are 64 rows wide there."""
     block_m = 16 if m <= 16 else 32 if m <= 32 else 64
-    m_tiles, wave = math.ceil(m / block_m), PER_SM.get(block_m, 2) * sms
+    per_sm, min_steps, warps = ROWS64 if block_m == 64 else (PER_SM.get(block_m, 2), MIN_SPLIT_STEPS, 4)
+    m_tiles, wave = math.ceil(m / block_m), per_sm * sms
     block_n = 64 if 2 * m_tiles * math.ceil(n / 64) * MAX_SPLIT > wave else 32
     tiles = m_tiles * math.ceil(n / block_n)
-    split = split_for(tiles, k, 128, wave, MIN_SPLIT_STEPS) if k % 128 == 0 else 1
-    return LinearTiles(block_m, block_n, num_warps=4 if block_m <= 32 else 8, split_k=split)
+    split = split_for(tiles, k, 128, wave, min_steps) if k % 128 == 0 else 1
+    return LinearTiles(block_m, block_n, num_warps=warps, split_k=split)
 
 
 def mxfp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,

@@ -8,9 +8,9 @@ V1 (kernels/mxfp8_triton.py; moe_triton.py with scales) and V2 (kernels/mx_tiles
 whole tiles dequantized, one dot a K step, split-K meeting in the kernel; at one row the GEMV) both passed
 their checks on the H200 (tests/runtime/test_mxfp8_gpu.py, 2026-12-02). AUTO runs the faster of the two as
 `benchmarks/mxfp8_speed.py` timed them there (docs/performance.md section 9): the V2 GEMV at one row (every
-linear faster than V1, and than bf16), V1 from 2 to LINEAR_V2_FROM_ROWS - 1 rows (faster at 4 and 16 rows in
-5 of 6 linears), V2 from there (faster at 64 rows in 5 of 6; the boundary between 16 and 64 is not measured);
-the MoE on V1 for MXFP8 (faster at every batch) and V2 for NVFP4 (~7x faster than V1's per-code decode).
+linear faster than V1, and than bf16), V1 from 2 to LINEAR_V2_FROM_ROWS - 1 = 64 rows (faster at 4 and 16 rows
+in 5 of 6 linears; at 64 rows on its own tiles, mxfp8.ROWS64, faster in 5 of 6 on the H100 of 2026-12-07, section
+9h), V2 from there (prefill: BLOCK_M 128); the MoE on V1 for MXFP8 (faster at every batch) and V2 for NVFP4 (~7x faster than V1's per-code decode).
 A call that passes `tiles` picks its kernel itself.
 """
 
@@ -23,7 +23,11 @@ from enum import Enum
 from m3bench.runtime.errors import InputError
 
 ENV_VAR = "M3BENCH_QUANT_KERNELS"
-LINEAR_V2_FROM_ROWS = 33  # V1 at 16 rows, V2 at 64 (H200); in between: V1's BLOCK_M 32 tiles, not timed
+# V1 to 64 rows: at 64 the first kernel on mxfp8.ROWS64's tiles against the V2 dot (H100, 2026-12-07,
+# benchmarks/mxfp8_speed_sweep.py dot-tiles): best tiles 18.5 / 11.3 / 28.3 / 16.0 / 14.7 / 6.2 us against the dot's
+# rule 26.0 / 15.3 / 28.4 / 17.5 / 18.8 / 9.6 (qkv + index, o_proj, dense gate|up, dense down, shared gate|up, down);
+# the H200 of 2026-12-02 had found the dot faster at 64 rows than V1's tiles of then (16 rows' split rule)
+LINEAR_V2_FROM_ROWS = 65
 
 
 class QuantKernels(Enum):

@@ -58,8 +58,8 @@ def test_default_generation_is_the_measured_choice_unless_pinned(monkeypatch):
     _set_generation(monkeypatch, None)
     assert default_quant_kernels() is QuantKernels.AUTO
     assert linear_generation(1) is QuantKernels.V2 and mx_tiles(1, 24, 128).kernel is GEMV  # the GEMV at one row
-    assert linear_generation(16) is linear_generation(LINEAR_V2_FROM_ROWS - 1) is QuantKernels.V1
-    assert linear_generation(LINEAR_V2_FROM_ROWS) is linear_generation(64) is QuantKernels.V2
+    assert linear_generation(16) is linear_generation(64) is linear_generation(LINEAR_V2_FROM_ROWS - 1) is QuantKernels.V1
+    assert linear_generation(LINEAR_V2_FROM_ROWS) is linear_generation(128) is QuantKernels.V2
     assert moe_generation(nvfp4=False) is QuantKernels.V1 and moe_generation(nvfp4=True) is QuantKernels.V2
     assert torch.equal(mxfp8_linear(x, w, s, backend=T), runs["v1"])  # 3 rows: V1
     _set_generation(monkeypatch, "v3")

@@ -68,7 +68,7 @@ def test_decode_tiles_split_k_to_one_wave():
 
     t = linear_tiles(1, 1536, 6144)  # 24 N tiles of 64, 16 K pieces: 384 programs, one wave of 3 an SM
     assert (t.block_m, t.block_n, t.split_k) == (16, 64, 16)
-    assert linear_tiles(64, 6144, 1024).split_k == 4 and linear_tiles(3, 24, 512).split_k == 2  # 2 steps a split
+    assert linear_tiles(3, 24, 512).split_k == 2  # 2 steps a split
     # one TP8 rank's linears at 4 rows as the H100 sweep of 2026-12-06 found fastest (benchmarks/mxfp8_speed_sweep.py
     # linear-v1-tiles): qkv + index 12 splits, o_proj 4, dense gate|up 8, shared gate|up 32-wide tiles x 16
     got = {(n, k): (linear_tiles(4, n, k).block_n, linear_tiles(4, n, k).split_k)
@@ -76,6 +76,13 @@ def test_decode_tiles_split_k_to_one_wave():
     assert got == {(1920, 6144): (64, 12), (6144, 1024): (64, 4), (3072, 6144): (64, 8), (768, 6144): (32, 16),
                    (6144, 384): (64, 1)}  # shared down: three steps, not split
     assert all(linear_tiles(16, n, k) == linear_tiles(4, n, k) for n, k in got)
+    # 33-64 rows (BLOCK_M 64): two programs an SM, at least 6 K steps a split, 4 warps (mxfp8.ROWS64), as the H100
+    # sweep of 2026-12-07 found at 64 rows (dot-tiles): o_proj, dense down and shared down unsplit, dense gate|up 4,
+    # shared gate|up 64-wide x 8
+    rows64 = {(n, k): (linear_tiles(m, n, k).block_n, linear_tiles(m, n, k).split_k, linear_tiles(m, n, k).num_warps)
+              for m in (33, 64) for n, k in ((6144, 1024), (3072, 6144), (768, 6144), (6144, 384))}
+    assert rows64 == {(6144, 1024): (64, 1, 4), (3072, 6144): (64, 4, 4), (768, 6144): (64, 8, 4),
+                      (6144, 384): (64, 1, 4)}
 
 
 def test_mxfp8_linear_keeps_leading_dims_and_reads_the_scales():
