@@ -22,7 +22,8 @@ _mx = mx_random
 @pytest.mark.parametrize("m, n, k, tiles", [(1, 48, 64, LinearTiles(16, 16, 32)), (5, 40, 96, LinearTiles(16, 32, 64)),
                                              (33, 24, 128, None), (2, 40, 256, LinearTiles(16, 16, 32, split_k=4)),
                                              (3, 40, 256, LinearTiles(16, 16, 128)),
-                                             (3, 24, 512, None)])
+                                             (3, 24, 512, None),
+                                             (40, 48, 1536, None)])  # 33-64 rows: ROWS64's tiles, K in 2 pieces
 @pytest.mark.parametrize("bias", [False, True])
 def test_mxfp8_linear_matches_dequantized_fp32(m, n, k, tiles, bias):
     g = torch.Generator().manual_seed(m * 100 + n + bias)
