@@ -324,6 +324,10 @@ def print_table(summaries: list[dict[str, Any]], model_id: str) -> None:
         console = Console(stderr=True, width=160)  # logs and CI: do not wrap to 80 columns
     console.print(_verdict_table(summaries, model_id))
     for s in summaries:
+        if s.get("gate_can_fail") is False:
+            console.print(f"[yellow]{s['task']}: at n={s['n']} no score can fail this gate (threshold "
+                          f"{s['threshold']:.2f}; the smallest regression it detects is {s['theta']:.2f} points): "
+                          "run more items for a verdict that can fail[/yellow]")
         if s.get("paired"):
             console.print(paired_line(s))
         if s.get("sequential"):

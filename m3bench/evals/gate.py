@@ -37,6 +37,12 @@ class Gate:
     beta: float
     ceiling: float | None = None  # goldens of deterministic runs: fail above it too
 
+    @property
+    def can_fail(self) -> bool:
+        """Whether some score on 0-100 fails: at a few items the threshold may fall below 0 (n=1 against a reference
+        of 80: -35.8), and then no run of that size can fail the gate."""
+        return self.threshold > 0.0 or (self.ceiling is not None and self.ceiling < 100.0)
+
     def verdict(self, score: float) -> Verdict:
         above = self.ceiling is not None and score > self.ceiling
         return Verdict.PASS if score >= self.threshold and not above else Verdict.FAIL

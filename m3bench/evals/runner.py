@@ -198,7 +198,8 @@ def build_summary(plan, protocol, backend, splits, scores, reference, key, paths
         "task": plan.task.value, "protocol": protocol.name, "protocol_version": protocol.version, **scores,
         "reference": reference.to_dict() if reference else None,
         "threshold": gate.threshold if gate else None, "theta": gate.theta if gate else None,
-        "ceiling": gate.ceiling if gate else None, "verdict": verdict.value, "run_key": key, "items_path": str(paths.items),
+        "ceiling": gate.ceiling if gate else None, "gate_can_fail": gate.can_fail if gate else None,
+        "verdict": verdict.value, "run_key": key, "items_path": str(paths.items),
         "metadata": metadata(plan, protocol, backend, splits),
     }
 

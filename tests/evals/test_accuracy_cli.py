@@ -41,6 +41,21 @@ def test_exit_codes_and_junit(tiny, tmp_path):
     assert "Traceback" not in no_train.stderr
 
 
+def test_a_gate_that_cannot_fail_at_this_n_says_so(tiny, tmp_path):
+    """Two items against a reference of 80.5 (sigma 50): the threshold is below 0, so even the tiny random model's 0
+    passes. The run says that no score could have failed, and the summary records gate_can_fail false."""
+    ref = tmp_path / "ref.yaml"
+    ref.write_text("m3bench/tiny-m3:\n  - accuracy: 80.5\n    protocol: gsm8k\n"
+                   "    protocol_version: lm-eval-gsm8k-3.0/m3bench-1\n    num_fewshot: 0\n    chat: false\n    max_tokens: 4\n")
+    args = ("--task", "gsm8k", "--num-fewshot", "0", "--limit", "2", "--max-tokens", "4", "--reference", str(ref))
+    done = subprocess.run(accuracy_cmd(tiny, tmp_path / "out", *args), env=accuracy_env(tmp_path), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "at n=2 no score can fail this gate" in " ".join(done.stderr.split())
+    summary = json.loads(next((tmp_path / "out").glob("gsm8k-*.summary.json")).read_text())
+    assert summary["gate_can_fail"] is False and summary["threshold"] < 0 and summary["verdict"] == "pass"
+
+
 def test_runtime_backend_generate_score_and_pair_split(tiny):
     from m3bench.evals.backends.base import GenRequest, ScoreRequest
     from m3bench.evals.backends.runtime import RuntimeBackend

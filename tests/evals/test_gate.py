@@ -30,3 +30,15 @@ def test_sigma_from_reference_and_floor():
     assert 90.0 - g.threshold < 3.20  # tighter than worst-case sigma 50
     assert make_gate(90.0, 10, floor=88.0).threshold == 88.0
     assert g.verdict(g.threshold) is Verdict.PASS and g.verdict(g.threshold - 1e-9) is Verdict.FAIL
+
+
+def test_a_gate_on_too_few_items_says_it_cannot_fail():
+    """At n=1 against a reference of 80.5 the threshold is below 0: no score fails (the CLI warns, the summary says
+    gate_can_fail false); at 10 items a score of 0 fails; a golden's ceiling below 100 can always fail."""
+    one = make_gate(80.5, 1)
+    assert one.threshold < 0 and not one.can_fail
+    assert one.verdict(0.0) is Verdict.PASS and one.verdict(100.0) is Verdict.PASS
+    ten = make_gate(80.5, 10)
+    assert ten.can_fail and ten.verdict(0.0) is Verdict.FAIL
+    assert make_gate(80.5, 1, ceiling=81.5).can_fail
+    assert not make_gate(80.5, 1, ceiling=100.0).can_fail

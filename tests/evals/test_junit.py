@@ -19,3 +19,10 @@ def test_junit_cases(tmp_path):
     assert cases["mmlu"].find("failure") is None and cases["mmlu"].find("skipped") is None
     assert "80.00" in cases["gsm8k"].find("failure").get("message") and "88.00" in cases["gsm8k"].find("failure").get("message")
     assert cases["mmlu-gen"].find("skipped") is not None
+
+
+def test_junit_pass_says_when_the_gate_could_not_fail(tmp_path):
+    small = {**_summary("mmlu", "pass", 100.0, -35.8), "n": 1, "gate_can_fail": False}
+    path = write_junit(tmp_path / "j.xml", [small, _summary("gsm8k", "pass", 91.0, 88.0)], "org/m")
+    text = {c.get("name"): ET.tostring(c, encoding="unicode") for c in ET.parse(path).getroot().iter("testcase")}
+    assert "no score can fail" in text["mmlu"] and "no score can fail" not in text["gsm8k"]
