@@ -178,10 +178,24 @@ def _protocol_of(where: str, model: str, spec: RunSpec, raw: dict[str, Any]) -> 
 
 
 def _acceptance_protocol_of(where: str, model: str, spec: RunSpec, raw: dict[str, Any]) -> AcceptanceProtocol:
-    if raw.get("protocol") is None or not _is_int(raw.get("draft_len")):
+    if raw.get("protocol") is None or not _is_int(raw.get("draft_len")) or raw["draft_len"] < 1:
         raise InputError(f"{where}: entry of {model!r} ({spec.describe()}) needs protocol and an integer draft_len "
-                         "(how its acceptance length was measured)")
+                         ">= 1 (how its acceptance length was measured)")
     return AcceptanceProtocol(str(raw["protocol"]), raw["draft_len"])
+
+
+def _check_al(what: str, values: dict[str, Any], draft_len: int) -> None:
+    """ref_al and min_al are acceptance lengths a run of draft_len can measure (AL = 1 + accepted / drafts: 1 to
+    1 + draft_len), min_al above 1 (every run's AL is at least 1, so a lower gate cannot fail) and at most ref_al."""
+    top = 1 + draft_len
+    for key in ("ref_al", "min_al"):
+        v = values[key]
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 1.0 <= v <= top:
+            raise InputError(f"{what}: {key} must be an acceptance length from 1 to {top} (1 + draft_len), got {v!r}")
+    if values["min_al"] <= 1.0:
+        raise InputError(f"{what}: min_al {values['min_al']} can never fail: every acceptance length is at least 1")
+    if values["min_al"] > values["ref_al"]:
+        raise InputError(f"{what}: min_al {values['min_al']} is above ref_al {values['ref_al']}")
 
 
 def _is_int(value: Any) -> bool:
@@ -217,7 +231,9 @@ def _acceptance_entry(where: str):
         spec, values, proto = _entry_fields(where, model, raw, ACCEPTANCE_KEYS, ACCEPTANCE_PROTOCOL_KEYS)
         if "ref_al" not in values or "min_al" not in values:
             raise InputError(f"{where}: entry of {model!r} ({spec.describe()}) needs ref_al and min_al")
-        return AcceptanceReference(model, spec, _acceptance_protocol_of(where, model, spec, proto), **values)
+        protocol = _acceptance_protocol_of(where, model, spec, proto)
+        _check_al(f"{where}: entry of {model!r} ({spec.describe()})", values, protocol.draft_len)
+        return AcceptanceReference(model, spec, protocol, **values)
 
     return build
 

@@ -103,6 +103,28 @@ def test_bad_files(tmp_path, text, message):
         load_accuracy_references("mmlu", p)
 
 
+AL = "org/m:\n  - spec_dec_algo: Eagle3\n    protocol: gsm8k-chat\n    draft_len: {d}\n    ref_al: {r}\n    min_al: {m}\n"
+
+
+@pytest.mark.parametrize("d, r, m, message", [
+    (3, 3.0, 1.0, "min_al 1.0 can never fail: every acceptance length is at least 1"),
+    (3, 3.0, 0.5, "min_al must be an acceptance length from 1 to 4"),
+    (3, 4.5, 3.0, "ref_al must be an acceptance length from 1 to 4 \\(1 \\+ draft_len\\), got 4.5"),
+    (3, 2.0, 2.5, "min_al 2.5 is above ref_al 2.0"),
+    (3, 3.0, "high", "min_al must be an acceptance length"),
+    (0, 1.0, 1.0, "integer draft_len >= 1"),
+])
+def test_bad_acceptance_entries(tmp_path, d, r, m, message):
+    """An acceptance gate that cannot fail (min_al <= 1: every AL is at least 1) or that no run can meet is bad
+    input, named with its entry."""
+    p = tmp_path / "al.yaml"
+    p.write_text(AL.format(d=d, r=r, m=m))
+    with pytest.raises(InputError, match=message):
+        load_acceptance_references(p)
+    p.write_text(AL.format(d=3, r=3.0, m=2.8))
+    assert load_acceptance_references(p)[1][0].min_al == 2.8
+
+
 def test_shipped_references():
     gen5 = get_protocol(Task.MMLU_GEN).measured_with(Settings())
     gsm5 = get_protocol(Task.GSM8K).measured_with(Settings())
