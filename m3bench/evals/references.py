@@ -14,6 +14,7 @@ included: a run is never gated against another protocol's figure. `source` says 
 from __future__ import annotations
 
 import importlib.resources
+import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -184,6 +185,34 @@ def _acceptance_protocol_of(where: str, model: str, spec: RunSpec, raw: dict[str
     return AcceptanceProtocol(str(raw["protocol"]), raw["draft_len"])
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_accuracy(what: str, values: dict[str, Any]) -> None:
+    """The figures of an accuracy entry make a gate that can pass and fail: scores on 0-100, alpha / beta
+    probabilities, a positive sigma, num_samples a count, a fixed threshold above 0 (at or below it no score fails)
+    and not above the ceiling (above it every score fails)."""
+    def bad(key: str, want: str) -> InputError:
+        return InputError(f"{what}: {key} must be {want}, got {values[key]!r}")
+
+    for key in ("accuracy", "ceiling"):
+        if key in values and not (_number(values[key]) and 0.0 <= values[key] <= 100.0):
+            raise bad(key, "a score from 0 to 100")
+    for key in ("alpha", "beta"):
+        if key in values and not (_number(values[key]) and 0.0 < values[key] < 1.0):
+            raise bad(key, "a probability between 0 and 1")
+    if _number(values.get("sigma")) and values["sigma"] <= 0:
+        raise bad("sigma", "above 0")
+    if "num_samples" in values and not (_is_int(values["num_samples"]) and values["num_samples"] >= 1):
+        raise bad("num_samples", "a count of items (>= 1)")
+    if "threshold" in values and not (_number(values["threshold"]) and 0.0 < values["threshold"] <= 100.0):
+        raise bad("threshold", "a score above 0 and at most 100 (no score fails a threshold of 0)")
+    if "threshold" in values and "ceiling" in values and values["ceiling"] < values["threshold"]:
+        raise InputError(f"{what}: ceiling {values['ceiling']} is below threshold {values['threshold']}: every "
+                         "score would fail")
+
+
 def _check_al(what: str, values: dict[str, Any], draft_len: int) -> None:
     """ref_al and min_al are acceptance lengths a run of draft_len can measure (AL = 1 + accepted / drafts: 1 to
     1 + draft_len), min_al above 1 (every run's AL is at least 1, so a lower gate cannot fail) and at most ref_al."""
@@ -219,8 +248,9 @@ def _accuracy_entry(where: str):
         if not isinstance(values.get("accuracy"), (int, float)):
             raise InputError(f"{where}: entry of {model!r} ({spec.describe()}) needs a numeric accuracy")
         sigma = values.get("sigma", DEFAULT_SIGMA)
-        if not (sigma == SIGMA_FROM_REFERENCE or isinstance(sigma, (int, float))):
+        if not (sigma == SIGMA_FROM_REFERENCE or _number(sigma)):
             raise InputError(f"{where}: sigma must be a number or {SIGMA_FROM_REFERENCE!r}, got {sigma!r}")
+        _check_accuracy(f"{where}: entry of {model!r} ({spec.describe()})", values)
         return AccuracyReference(model, spec, _protocol_of(where, model, spec, proto), **values)
 
     return build

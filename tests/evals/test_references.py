@@ -95,6 +95,17 @@ def test_no_match_lists_entries(ref_file):
     ("org/m:\n  - accuracy: 1\n", "states no protocol, protocol_version, num_fewshot, chat"),
     ("org/m:\n  - accuracy: 1\n" + P.replace("num_fewshot: 5", "num_fewshot: five"), "must be integers"),
     ("- 1\n- 2\n", "top level"),
+    # figures that make a gate which cannot work: exit 3 (alpha 2, beta 1, a threshold of 'x') or a silent gate
+    # (a threshold of -5 passes everything, a ceiling below the threshold fails everything, sigma -1)
+    ("org/m:\n  - accuracy: 150\n" + P, "accuracy must be a score from 0 to 100, got 150"),
+    ("org/m:\n  - accuracy: .nan\n" + P, "accuracy must be a score from 0 to 100"),
+    ("org/m:\n  - accuracy: 80\n    alpha: 2\n" + P, "alpha must be a probability between 0 and 1"),
+    ("org/m:\n  - accuracy: 80\n    beta: 1\n" + P, "beta must be a probability between 0 and 1"),
+    ("org/m:\n  - accuracy: 80\n    sigma: -1\n" + P, "sigma must be above 0"),
+    ("org/m:\n  - accuracy: 80\n    num_samples: 0\n" + P, "num_samples must be a count"),
+    ("org/m:\n  - accuracy: 80\n    threshold: -5\n" + P, "threshold must be a score above 0"),
+    ("org/m:\n  - accuracy: 80\n    threshold: x\n" + P, "threshold must be a score above 0"),
+    ("org/m:\n  - accuracy: 80\n    threshold: 82\n    ceiling: 81\n" + P, "ceiling 81 is below threshold 82"),
 ])
 def test_bad_files(tmp_path, text, message):
     p = tmp_path / "bad.yaml"

@@ -109,9 +109,10 @@ def test_gate_verdicts(tmp_path):
     ref.write_text("org/model:\n  - accuracy: 99.0\n" + MMLU_0)
     fail, _ = run_task(plan(tmp_path, reference=ref), HashBackend(), progress=False)
     assert fail["verdict"] == "fail" and fail["threshold"] == pytest.approx(99.0 - 1.6448536 * (2 * 2500 / 40) ** 0.5)
-    ref.write_text("org/model:\n  - accuracy: 1.0\n    threshold: 0.0\n" + MMLU_0)
+    ref.write_text("org/model:\n  - accuracy: 1.0\n    threshold: 0.01\n" + MMLU_0)
     ok, _ = run_task(plan(tmp_path, reference=ref), HashBackend(), progress=False)
-    assert ok["verdict"] == "pass" and ok["threshold"] == 0.0 and ok["reference"]["accuracy"] == 1.0
+    assert ok["verdict"] == "pass" and ok["threshold"] == 0.01 and ok["reference"]["accuracy"] == 1.0
+    assert ok["gate_can_fail"] and ok["score"] > 0.01
 
 
 def test_missing_backend_result_is_an_error(tmp_path):
