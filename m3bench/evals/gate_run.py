@@ -89,4 +89,5 @@ def describe(command: CheckCommand, code: int, stdout: str, stderr: str) -> str:
 
 def _accuracy_line(path: Path) -> str:
     s = json.loads(path.read_text(encoding="utf-8"))
-    return f"{s['task']} {s['score']:.2f} (n={s['n']}): {s['verdict']}"
+    unfailable = " (no score could fail at this n)" if s.get("gate_can_fail") is False else ""
+    return f"{s['task']} {s['score']:.2f} (n={s['n']}): {s['verdict']}{unfailable}"

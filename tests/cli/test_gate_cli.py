@@ -3,6 +3,7 @@ JUnit, Markdown, $GITHUB_STEP_SUMMARY), worst exit code 3 > 2 > 1 > 0."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -133,3 +134,13 @@ def test_the_documented_example_plan_is_the_shipped_one_and_loads():
     plan = load_plan(root / "examples" / "gate.yaml")
     assert {c.command for c in plan.checks} == set(CheckCommand)
     assert "--sequential" in plan.checks[3].args and "--baseline" in plan.checks[2].args
+
+
+def test_an_accuracy_check_line_says_when_its_gate_could_not_fail(tmp_path):
+    from m3bench.evals.gate_run import _accuracy_line
+
+    path = tmp_path / "gsm8k-x.summary.json"
+    path.write_text(json.dumps({"task": "gsm8k", "score": 0.0, "n": 1, "verdict": "pass", "gate_can_fail": False}))
+    assert _accuracy_line(path) == "gsm8k 0.00 (n=1): pass (no score could fail at this n)"
+    path.write_text(json.dumps({"task": "gsm8k", "score": 0.0, "n": 200, "verdict": "fail", "gate_can_fail": True}))
+    assert _accuracy_line(path) == "gsm8k 0.00 (n=200): fail"
