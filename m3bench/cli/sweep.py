@@ -208,6 +208,9 @@ def _check_before_work(cfg, model: Path | None, baseline: Path | None, junit: Pa
         validate.finite(value, flag)
     if cfg.request_rate <= 0 or cfg.burstiness <= 0:
         raise M3BenchError("--request-rate and --burstiness must be > 0")
+    if max_regression is not None and not 0 <= max_regression < 100:  # the gated figures are rates: a fall is < 100%
+        raise M3BenchError(f"--max-regression must be a percentage from 0 to below 100 (at 100 or more no fall of "
+                           f"throughput or x90 can fail the gate; below 0 an unchanged run fails), got {max_regression}")
     if model is not None and cfg.engine is not None and not model.is_dir():
         raise M3BenchError(f"--model {model} is not a directory")
     if cfg.base_url:

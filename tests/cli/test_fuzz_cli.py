@@ -157,6 +157,8 @@ def sweep_cases() -> list:
     c += _each(SWEEP, "baseline", [MISSING, "{files}/truncated_results.json", "{files}/garbage.yaml",
                                    "{files}/empty_dir", "{files}/utf16.yaml"])
     c += [(variant(SWEEP, max_regression="5"), None), (variant(SWEEP, max_regression="nan", baseline="{files}/results.json"), None)]
+    # a gate that cannot fail (a rate falls by less than 100%) or fails an unchanged run
+    c += [(variant(SWEEP, max_regression=v, baseline="{files}/results.json"), None) for v in ("100", "150", "-5")]
     c += _each(SWEEP, "isl", ["100000000", "4096", "0", "x", "1..0", ",", "-5"])
     c += _each(SWEEP, "osl", ["100000000", "0", "1", "1,2,3"]) + [(variant(SWEEP, isl="8,16", osl="1,2,3"), None)]
     c += _each(SWEEP, "concurrency", ["0", "a", "4..2", "1..x"]) + _each(SWEEP, "tp", ["0", "x"])
