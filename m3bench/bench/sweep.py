@@ -404,10 +404,10 @@ async def _served(cfg: SweepConfig, tp: int):
 def _tokenizer(path: str | None) -> Any:
     if path is None:
         raise InputError("no tokenizer: pass --tokenizer DIR")
-    from transformers import AutoTokenizer
+    from m3bench.runtime.tokenizer import load_hf_tokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(str(path))
+        return load_hf_tokenizer(path)
     except (OSError, ValueError) as e:
         raise InputError(f"cannot load a tokenizer from {path}: {e}") from e
 

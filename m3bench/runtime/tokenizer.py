@@ -18,6 +18,19 @@ from m3bench.runtime.errors import CheckpointError
 STOP_TOKENS = ("[e~[", "<|im_end|>", "<|eot_id|>", "<|endoftext|>")
 
 
+def load_hf_tokenizer(path: Path | str) -> Any:
+    """transformers' AutoTokenizer of `path`, without the warning it logs on reading an M3 config.json ("a model
+    of type `minimax_m3` to instantiate a model of type ``"): every tokenizer load of m3bench goes through here."""
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    finally:
+        hf_logging.set_verbosity(level)
+
 @dataclass(frozen=True)
 class Tokenizer:
     """A transformers tokenizer (`hf`) plus the stop ids gathered from the checkpoint's files."""
@@ -29,18 +42,11 @@ class Tokenizer:
     @classmethod
     def from_pretrained(cls, path: Path | str) -> "Tokenizer":
         """Load `path`'s tokenizer.json / tokenizer_config.json / chat template."""
-        from transformers import AutoTokenizer
-        from transformers.utils import logging as hf_logging
-
         path = Path(path)
-        level = hf_logging.get_verbosity()
-        hf_logging.set_verbosity_error()  # AutoTokenizer reads config.json and warns about M3's model_type
         try:
-            hf = AutoTokenizer.from_pretrained(str(path))
+            hf = load_hf_tokenizer(path)
         except (OSError, ValueError, KeyError) as e:
             raise CheckpointError(f"cannot load the tokenizer of {path}: {str(e).splitlines()[0]}") from None
-        finally:
-            hf_logging.set_verbosity(level)
         return cls(hf=hf, eos_token_ids=stop_ids(hf, path), bos_token_id=hf.bos_token_id)
 
     @property

@@ -83,3 +83,21 @@ def test_real_tokenizers_stop_on_their_turn_close(smollm2_dir, qwen05_dir):
         assert tok.hf.convert_tokens_to_ids(close) in tok.eos_token_ids
         ids = tok.apply_chat_template([{"role": "user", "content": "Hello"}])
         assert tok.decode(ids).rstrip().endswith("assistant")
+
+
+@pytest.mark.parametrize("loader", ["m3bench.runtime.tokenizer:Tokenizer.from_pretrained",
+                                    "m3bench.bench.sweep:_tokenizer", "m3bench.evals.backends.openai:_load_tokenizer"])
+def test_no_tokenizer_load_warns_about_the_m3_model_type(tiny_ckpt, loader):
+    """AutoTokenizer reads an M3 config.json and logs 'a model of type `minimax_m3` to instantiate a model of type
+    ``' (once a process); every loader of m3bench (the runtime's, the sweep client's, the OpenAI backend's) goes
+    through load_hf_tokenizer, which keeps that out of the user's output (sweep printed it before each run)."""
+    import subprocess
+    import sys
+
+    module, name = loader.split(":")
+    code = (f"import importlib; obj = importlib.import_module({module!r})\n"
+            f"for part in {name!r}.split('.'): obj = getattr(obj, part)\n"
+            f"assert obj({str(tiny_ckpt)!r}) is not None")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "to instantiate a model of type" not in done.stderr

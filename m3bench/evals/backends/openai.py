@@ -403,8 +403,8 @@ def _first_model_id(body: Any) -> str:
 
 
 def _load_tokenizer(path: Path) -> Any:
-    from transformers import AutoTokenizer
+    from m3bench.runtime.tokenizer import load_hf_tokenizer
 
     if not Path(path).is_dir():
         raise InputError(f"tokenizer directory not found: {path}")
-    return AutoTokenizer.from_pretrained(str(path))
+    return load_hf_tokenizer(path)
