@@ -219,7 +219,7 @@ def _check_al(what: str, values: dict[str, Any], draft_len: int) -> None:
     top = 1 + draft_len
     for key in ("ref_al", "min_al"):
         v = values[key]
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 1.0 <= v <= top:
+        if not (_number(v) and 1.0 <= v <= top):
             raise InputError(f"{what}: {key} must be an acceptance length from 1 to {top} (1 + draft_len), got {v!r}")
     if values["min_al"] <= 1.0:
         raise InputError(f"{what}: min_al {values['min_al']} can never fail: every acceptance length is at least 1")

@@ -31,6 +31,7 @@ def load_hf_tokenizer(path: Path | str) -> Any:
     finally:
         hf_logging.set_verbosity(level)
 
+
 @dataclass(frozen=True)
 class Tokenizer:
     """A transformers tokenizer (`hf`) plus the stop ids gathered from the checkpoint's files."""

@@ -36,8 +36,8 @@ MIN_SPLIT_STEPS = 2  # 128-wide K steps a split keeps at least (o_proj, 8 steps:
 # BLOCK_M 64 (33-64 rows): (programs an SM in the wave, K steps a split at least, warps). H100 sweep at 64 rows
 # (benchmarks/mxfp8_speed_sweep.py dot-tiles, 2026-12-07, block-major), best first-kernel tiles, us: qkv + index
 # 32-wide x 8 splits 18.5, o_proj 1 split 11.3, dense gate|up 4 splits 28.3, dense down 1 16.0, shared gate|up 8
-# 14.7, shared down 1 6.2 (4 warps), where the rule of 16 / 32 rows (3 an SM, 2 steps, 8 warps) split 16 / 4 / 8 /
-# 4 / 16 / 1 ways: fewer, longer splits, as the partials grow with the rows
+# 14.7, shared down 1 6.2 (4 warps), where the rule before (3 an SM, 2 steps a split, 8 warps, as at 16 / 32 rows)
+# split them 16 / 4 / 8 / 4 / 16 / 1 ways: fewer, longer splits, as the partials grow with the rows
 ROWS64 = (2, 6, 4)
 
 

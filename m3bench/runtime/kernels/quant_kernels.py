@@ -9,8 +9,9 @@ whole tiles dequantized, one dot a K step, split-K meeting in the kernel; at one
 their checks on the H200 (tests/runtime/test_mxfp8_gpu.py, 2026-12-02). AUTO runs the faster of the two as
 `benchmarks/mxfp8_speed.py` timed them there (docs/performance.md section 9): the V2 GEMV at one row (every
 linear faster than V1, and than bf16), V1 from 2 to LINEAR_V2_FROM_ROWS - 1 = 64 rows (faster at 4 and 16 rows
-in 5 of 6 linears; at 64 rows on its own tiles, mxfp8.ROWS64, faster in 5 of 6 on the H100 of 2026-12-07, section
-9h), V2 from there (prefill: BLOCK_M 128); the MoE on V1 for MXFP8 (faster at every batch) and V2 for NVFP4 (~7x faster than V1's per-code decode).
+in 5 of 6 linears; at 64 rows on its own tiles, mxfp8.ROWS64, faster in 5 of 6 on the H100 of 2026-12-07,
+section 9h), V2 from there (prefill: BLOCK_M 128); the MoE on V1 for MXFP8 (faster at every batch) and V2 for
+NVFP4 (~7x faster than V1's per-code decode).
 A call that passes `tiles` picks its kernel itself.
 """
 
