@@ -325,9 +325,7 @@ def print_table(summaries: list[dict[str, Any]], model_id: str) -> None:
     console.print(_verdict_table(summaries, model_id))
     for s in summaries:
         if s.get("gate_can_fail") is False:
-            console.print(f"[yellow]{s['task']}: at n={s['n']} no score can fail this gate (threshold "
-                          f"{s['threshold']:.2f}; the smallest regression it detects is {s['theta']:.2f} points): "
-                          "run more items for a verdict that can fail[/yellow]")
+            console.print(f"[yellow]{unfailable_line(s)}[/yellow]")
         if s.get("paired"):
             console.print(paired_line(s))
         if s.get("sequential"):
@@ -354,6 +352,16 @@ def _verdict_table(summaries: list[dict[str, Any]], model_id: str):
                       _fmt(ref["accuracy"] if ref else None), _bounds(s), _fmt(s["theta"]),
                       str(s["cap_hit"]), s["verdict"])
     return table
+
+
+def unfailable_line(s: dict[str, Any]) -> str:
+    """Why no result of this run's size could have failed its gate (summary's gate_can_fail false)."""
+    if s.get("paired"):
+        p = s["paired"]
+        return (f"{s['task']}: at {p['n']} pairs no result can fail the paired gate (McNemar's smallest p-value there is "
+                f"{0.5 ** p['n']:.3g}, not below alpha {p['alpha']}): run more items for a verdict that can fail")
+    return (f"{s['task']}: at n={s['n']} no score can fail this gate (threshold {s['threshold']:.2f}; the smallest "
+            f"regression it detects is {s['theta']:.2f} points): run more items for a verdict that can fail")
 
 
 def paired_line(s: dict[str, Any]) -> str:

@@ -33,7 +33,8 @@ def _paired_case(summary: dict[str, Any], cls: str, name: str, line: str) -> JUn
               f"{plus_minus(p['stderr'])}, McNemar p={p['p_value']:.4g}")
     if summary["verdict"] == "fail":
         return JUnitCase(cls, name, detail, failure=f"{detail} < alpha {p['alpha']}", failure_type="AccuracyRegression")
-    return JUnitCase(cls, name, detail)
+    unfailable = "; no result can fail the gate at this n (run more items)" if summary.get("gate_can_fail") is False else ""
+    return JUnitCase(cls, name, detail + unfailable)
 
 
 def write_junit(path: Path, summaries: Sequence[dict[str, Any]], model_id: str) -> Path:

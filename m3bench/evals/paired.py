@@ -38,6 +38,12 @@ class PairedResult:
     alpha: float
     verdict: Verdict
 
+    @property
+    def can_fail(self) -> bool:
+        """Whether some outcome of n pairs fails: the smallest one-sided p is 0.5^n (every pair right before and
+        wrong now), so at n <= 4 pairs no result reaches alpha 0.05."""
+        return 0.5**self.n < self.alpha
+
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "verdict": self.verdict.value}
 

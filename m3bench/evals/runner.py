@@ -155,7 +155,8 @@ def resolve_baseline(plan: RunPlan, protocol: Protocol, items: Sequence[Item]) -
 def paired_verdict(protocol: Protocol, records: list[dict[str, Any]], baseline: Baseline) -> dict[str, Any]:
     """Summary keys of the paired test against the baseline (McNemar's exact test), which is the gate."""
     paired = paired_test(records, baseline.records, protocol.metrics[0])
-    return {"baseline": baseline.describe(), "paired": paired.to_dict(), "verdict": paired.verdict.value}
+    return {"baseline": baseline.describe(), "paired": paired.to_dict(), "verdict": paired.verdict.value,
+            "gate_can_fail": paired.can_fail}
 
 
 def load_splits(protocol: Protocol, settings: Settings, data_dir: Path | None) -> dict[str, Split]:

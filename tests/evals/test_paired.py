@@ -64,6 +64,15 @@ def test_small_or_balanced_changes_pass():
     assert result.verdict is Verdict.PASS and result.difference == 0.0 and result.p_value > 0.5
 
 
+def test_too_few_pairs_cannot_fail_and_say_so():
+    """4 pairs, all right before and wrong now: p = 1/16 is still not below alpha 0.05, so no result of 4 pairs can
+    fail; 5 pairs can (1/32)."""
+    four = paired_test(list(journal([False] * 4).values()), journal([True] * 4), "acc")
+    assert four.verdict is Verdict.PASS and four.p_value == pytest.approx(1 / 16) and not four.can_fail
+    five = paired_test(list(journal([False] * 5).values()), journal([True] * 5), "acc")
+    assert five.verdict is Verdict.FAIL and five.can_fail
+
+
 def test_different_items_are_refused():
     base = journal([True] * 5)
     with pytest.raises(InputError, match="no record of 1 of 6"):
@@ -161,3 +170,12 @@ def test_cli_baseline_on_the_tiny_checkpoint(tmp_path, monkeypatch):
     summary = json.loads(next((tmp_path / "b").glob("mmlu-*.summary.json")).read_text())
     assert summary["paired"]["p_value"] == 1.0 and summary["paired"]["difference"] == 0.0
     assert "McNemar acc b=0 c=0" in again.output
+
+
+def test_the_console_says_why_a_gate_could_not_fail():
+    from m3bench.cli.accuracy import unfailable_line
+
+    paired = {"task": "mmlu", "n": 3, "threshold": None, "theta": None, "paired": {"n": 3, "alpha": 0.05}}
+    assert "at 3 pairs no result can fail the paired gate" in unfailable_line(paired) and "0.125" in unfailable_line(paired)
+    fixed = {"task": "mmlu", "n": 1, "threshold": -35.81, "theta": 175.82}
+    assert "at n=1 no score can fail this gate (threshold -35.81" in unfailable_line(fixed)
