@@ -40,6 +40,7 @@ from m3bench.bench.client import EngineTarget, LoadResult, OpenAITarget, measure
 from m3bench.bench.metrics import EmptySampleError, compute_host_timing, compute_metrics
 from m3bench.bench.child_process import start_child, stop_child
 from m3bench.bench.records import EngineCounters, PrefixCounters, Slo, SpecCounters, write_records
+from m3bench.numbers import is_number
 from m3bench.strict_json import dumps_strict
 from m3bench.bench.sweep_checks import check_lengths, probe_server
 from m3bench.bench.engine_options import serve_args
@@ -529,7 +530,7 @@ def _merge(rows: list[dict]) -> dict:
         if k in out or k in ("repeat", "name", "fingerprint"):
             continue
         values = [r.get(k) for r in ok]
-        out[k] = _median(values) if all(_is_number(x) for x in values) else v
+        out[k] = _median(values) if all(is_number(x) for x in values) else v
     for k in GATED:
         values = [r[k] for r in ok]
         out[f"{k}_spread_pct"] = 100.0 * (max(values) - min(values)) / float(np.median(values))
@@ -539,10 +540,6 @@ def _merge(rows: list[dict]) -> dict:
 def _median(values: list) -> float | int:
     med = float(np.median(values))
     return int(med) if all(isinstance(x, int) for x in values) and med.is_integer() else med
-
-
-def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 @dataclass(frozen=True)
@@ -566,7 +563,7 @@ def compare(current: Sequence[dict], baseline: Sequence[dict], max_regression_pc
         if key not in base or "error" in row:
             continue
         for metric in GATED:
-            if not (_is_number(base[key].get(metric)) and _is_number(row.get(metric))):
+            if not (is_number(base[key].get(metric)) and is_number(row.get(metric))):
                 continue  # written as null (not finite): nothing to compare
             old, new = float(base[key][metric]), float(row[metric])
             change = 100.0 * (new - old) / old

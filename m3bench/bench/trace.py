@@ -29,6 +29,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from m3bench.bench.workload import Tokenizer, WorkloadPrompt, json_object_line, plain_vocab
+from m3bench.numbers import is_finite_number
 from m3bench.runtime.errors import InputError
 
 TRACE_BLOCK_TOKENS = 512
@@ -151,7 +152,7 @@ def parse_trace_line(line: str, n: int, path: Path) -> TraceRequest:
     if missing:
         raise InputError(f"{path}:{n}: missing key(s) {', '.join(missing)}")
     ts, n_in, n_out, ids = (row[k] for k in TRACE_KEYS)
-    if not _is_number(ts) or not math.isfinite(ts) or ts < 0:
+    if not is_finite_number(ts) or ts < 0:
         raise InputError(f"{path}:{n}: timestamp must be a number of ms >= 0, got {ts!r}")
     for key, value, low in (("input_length", n_in, 1), ("output_length", n_out, 1)):
         if not _is_int(value) or value < low:
@@ -172,10 +173,6 @@ def _check_hash_ids(ids: Any, n_in: int, path: Path, n: int) -> None:
 
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 # ---- prompts -------------------------------------------------------------------------------------

@@ -14,12 +14,12 @@ included: a run is never gated against another protocol's figure. `source` says 
 from __future__ import annotations
 
 import importlib.resources
-import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from m3bench.evals.gate import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_SIGMA, Gate, make_gate, sigma_from_reference
+from m3bench.numbers import is_finite_number
 from m3bench.runtime.errors import InputError
 
 SPEC_KEYS = ("quant_algo", "kv_cache_quant_algo", "spec_dec_algo", "extra_acc_spec")
@@ -185,10 +185,6 @@ def _acceptance_protocol_of(where: str, model: str, spec: RunSpec, raw: dict[str
     return AcceptanceProtocol(str(raw["protocol"]), raw["draft_len"])
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def _check_accuracy(what: str, values: dict[str, Any]) -> None:
     """The figures of an accuracy entry make a gate that can pass and fail: scores on 0-100, alpha / beta
     probabilities, a positive sigma, num_samples a count, a fixed threshold above 0 (at or below it no score fails)
@@ -197,16 +193,16 @@ def _check_accuracy(what: str, values: dict[str, Any]) -> None:
         return InputError(f"{what}: {key} must be {want}, got {values[key]!r}")
 
     for key in ("accuracy", "ceiling"):
-        if key in values and not (_number(values[key]) and 0.0 <= values[key] <= 100.0):
+        if key in values and not (is_finite_number(values[key]) and 0.0 <= values[key] <= 100.0):
             raise bad(key, "a score from 0 to 100")
     for key in ("alpha", "beta"):
-        if key in values and not (_number(values[key]) and 0.0 < values[key] < 1.0):
+        if key in values and not (is_finite_number(values[key]) and 0.0 < values[key] < 1.0):
             raise bad(key, "a probability between 0 and 1")
-    if _number(values.get("sigma")) and values["sigma"] <= 0:
+    if is_finite_number(values.get("sigma")) and values["sigma"] <= 0:
         raise bad("sigma", "above 0")
     if "num_samples" in values and not (_is_int(values["num_samples"]) and values["num_samples"] >= 1):
         raise bad("num_samples", "a count of items (>= 1)")
-    if "threshold" in values and not (_number(values["threshold"]) and 0.0 < values["threshold"] <= 100.0):
+    if "threshold" in values and not (is_finite_number(values["threshold"]) and 0.0 < values["threshold"] <= 100.0):
         raise bad("threshold", "a score above 0 and at most 100 (no score fails a threshold of 0)")
     if "threshold" in values and "ceiling" in values and values["ceiling"] < values["threshold"]:
         raise InputError(f"{what}: ceiling {values['ceiling']} is below threshold {values['threshold']}: every "
@@ -219,7 +215,7 @@ def _check_al(what: str, values: dict[str, Any], draft_len: int) -> None:
     top = 1 + draft_len
     for key in ("ref_al", "min_al"):
         v = values[key]
-        if not (_number(v) and 1.0 <= v <= top):
+        if not (is_finite_number(v) and 1.0 <= v <= top):
             raise InputError(f"{what}: {key} must be an acceptance length from 1 to {top} (1 + draft_len), got {v!r}")
     if values["min_al"] <= 1.0:
         raise InputError(f"{what}: min_al {values['min_al']} can never fail: every acceptance length is at least 1")
@@ -248,7 +244,7 @@ def _accuracy_entry(where: str):
         if not isinstance(values.get("accuracy"), (int, float)):
             raise InputError(f"{where}: entry of {model!r} ({spec.describe()}) needs a numeric accuracy")
         sigma = values.get("sigma", DEFAULT_SIGMA)
-        if not (sigma == SIGMA_FROM_REFERENCE or _number(sigma)):
+        if not (sigma == SIGMA_FROM_REFERENCE or is_finite_number(sigma)):
             raise InputError(f"{where}: sigma must be a number or {SIGMA_FROM_REFERENCE!r}, got {sigma!r}")
         _check_accuracy(f"{where}: entry of {model!r} ({spec.describe()})", values)
         return AccuracyReference(model, spec, _protocol_of(where, model, spec, proto), **values)
