@@ -357,9 +357,11 @@ def _verdict_table(summaries: list[dict[str, Any]], model_id: str):
 def unfailable_line(s: dict[str, Any]) -> str:
     """Why no result of this run's size could have failed its gate (summary's gate_can_fail false)."""
     if s.get("paired"):
+        from m3bench.evals.paired import smallest_p_value
+
         p = s["paired"]
         return (f"{s['task']}: at {p['n']} pairs no result can fail the paired gate (McNemar's smallest p-value there is "
-                f"{0.5 ** p['n']:.3g}, not below alpha {p['alpha']}): run more items for a verdict that can fail")
+                f"{smallest_p_value(p['n']):.3g}, not below alpha {p['alpha']}): run more items for a verdict that can fail")
     return (f"{s['task']}: at n={s['n']} no score can fail this gate (threshold {s['threshold']:.2f}; the smallest "
             f"regression it detects is {s['theta']:.2f} points): run more items for a verdict that can fail")
 

@@ -40,12 +40,16 @@ class PairedResult:
 
     @property
     def can_fail(self) -> bool:
-        """Whether some outcome of n pairs fails: the smallest one-sided p is 0.5^n (every pair right before and
-        wrong now), so at n <= 4 pairs no result reaches alpha 0.05."""
-        return 0.5**self.n < self.alpha
+        """Whether some outcome of n pairs fails: at n <= 4 pairs no result reaches alpha 0.05."""
+        return smallest_p_value(self.n) < self.alpha
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "verdict": self.verdict.value}
+
+
+def smallest_p_value(n: int) -> float:
+    """The smallest one-sided McNemar p of n pairs: 0.5^n, every pair right before and wrong now."""
+    return 0.5**n
 
 
 def binomial_upper_tail(k: int, n: int) -> float:
