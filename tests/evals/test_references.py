@@ -148,6 +148,17 @@ def test_shipped_references():
     assert (al.ref_al, al.acceptance_rate) == (3.528, 0.843) and al.min_al == pytest.approx(0.95 * al.ref_al, abs=0.01)
 
 
+def test_the_tiny_m3_gsm8k_golden_fails_a_run_that_solves_an_item():
+    """The random tiny checkpoint solves 0 of 8 (gsm8k 0-shot, 24 tokens): its golden's ceiling of 0 fails 1 of 8
+    (12.5). It used to be a floor of 0.0, which no score could fail."""
+    from m3bench.evals.gate import Verdict
+
+    spec = get_protocol(Task.GSM8K).measured_with(Settings(num_fewshot=0, limit=8, max_tokens=24))
+    golden = find_accuracy_reference("gsm8k", "m3bench/tiny-m3", RunSpec(), spec)
+    gate = golden.gate(8)
+    assert gate.can_fail and gate.verdict(0.0) is Verdict.PASS and gate.verdict(12.5) is Verdict.FAIL
+
+
 def test_seed_figures_only_on_the_checkpoint_the_seed_measured():
     """The Eagle3 figures come from the NVFP4 checkpoint's test: the bf16 model carries none of them."""
     eagle = RunSpec(spec_dec_algo="Eagle3")
