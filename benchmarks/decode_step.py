@@ -466,14 +466,23 @@ def run_profile(plan: Plan, dev: torch.device, args, res: dict) -> None:
 
 
 def run_checks(plan: Plan, dev: torch.device, tiny: bool, res: dict) -> bool:
+    t0 = time.perf_counter()
+    _started("the fast path against torch", t0)
     res["check_model"] = _guard("check_model", lambda: check_fast_path(plan.shapes, dev, tiny), res) or []
     _free(dev)
+    _started("each fused kernel against torch", t0)
     res["check_model"] += _guard("check_components", lambda: check_components(plan.shapes, dev, tiny), res) or []
     _free(dev)
+    _started("the engine's greedy tokens with CUDA graphs", t0)
     res["check_engine"] = _guard("check_engine", lambda: check_engine_graphs(dev), res) or {}
     _free(dev)
     oks = [r["ok"] for r in res["check_model"]] + [res["check_engine"].get("ok", False)]
     return len(res["check_model"]) == 1 + COMPONENT_CHECKS and all(oks)  # a check that raised: missing row
+
+
+def _started(check: str, t0: float) -> None:
+    """A progress line: the checks run for minutes at a rank's shapes before their first result."""
+    print(f"[{time.perf_counter() - t0:.0f} s] checking {check}", flush=True)
 
 
 def run_timings(plan: Plan, dev: torch.device, args, res: dict) -> None:
