@@ -2,7 +2,7 @@
 
 import math
 
-from m3bench.numbers import is_finite_number, is_number
+from m3bench.numbers import is_finite_number, is_int, is_number
 
 
 def test_bool_is_not_a_number_and_nan_is_not_finite():
@@ -10,3 +10,8 @@ def test_bool_is_not_a_number_and_nan_is_not_finite():
     assert not any(is_number(v) for v in (True, False, "1", None))
     assert is_finite_number(0) and is_finite_number(-2.5)
     assert not any(is_finite_number(v) for v in (math.nan, math.inf, -math.inf, True, "1"))
+
+
+def test_int_is_not_a_bool_nor_a_float():
+    assert is_int(0) and is_int(-3)
+    assert not any(is_int(v) for v in (True, False, 3.0, "3", None))

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from m3bench.bench.workload import DatasetKind
+from m3bench.numbers import is_int
 from m3bench.runtime.errors import InputError
 
 PROBE_TIMEOUT_S = 10.0
@@ -58,4 +59,4 @@ def probe_server(base_url: str, api_key: str | None, timeout_s: float = PROBE_TI
         value = cards[0].get("max_model_len")
     except (ValueError, AttributeError, TypeError, IndexError):
         return None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+    return value if is_int(value) and value > 0 else None

@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from m3bench.bench.workload import Tokenizer, WorkloadPrompt, json_object_line, plain_vocab
-from m3bench.numbers import is_finite_number
+from m3bench.numbers import is_finite_number, is_int
 from m3bench.runtime.errors import InputError
 
 TRACE_BLOCK_TOKENS = 512
@@ -155,24 +155,20 @@ def parse_trace_line(line: str, n: int, path: Path) -> TraceRequest:
     if not is_finite_number(ts) or ts < 0:
         raise InputError(f"{path}:{n}: timestamp must be a number of ms >= 0, got {ts!r}")
     for key, value, low in (("input_length", n_in, 1), ("output_length", n_out, 1)):
-        if not _is_int(value) or value < low:
+        if not is_int(value) or value < low:
             raise InputError(f"{path}:{n}: {key} must be an integer >= {low}, got {value!r}")
     _check_hash_ids(ids, n_in, path, n)
     return TraceRequest(n, float(ts), int(n_in), int(n_out), tuple(int(i) for i in ids))
 
 
 def _check_hash_ids(ids: Any, n_in: int, path: Path, n: int) -> None:
-    if not isinstance(ids, list) or not all(_is_int(i) for i in ids):
+    if not isinstance(ids, list) or not all(is_int(i) for i in ids):
         raise InputError(f"{path}:{n}: hash_ids must be a list of integers")
     need = -(-n_in // TRACE_BLOCK_TOKENS)
     if len(ids) != need:
         what = "too short" if len(ids) < need else "too long"
         raise InputError(f"{path}:{n}: hash_ids {what} for input_length {n_in}: {len(ids)} ids, "
                          f"{need} blocks of {TRACE_BLOCK_TOKENS} tokens")
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
 
 
 # ---- prompts -------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from m3bench.cli import validate
 from m3bench.cli.engine_flags import ENGINE, EngineFlags, engine_flags
 from m3bench.cli.errors import EXIT_REGRESSION, M3BenchError, user_errors
 from m3bench.cli.out_lock import out_lock
+from m3bench.numbers import is_int
 
 
 def register(app: typer.Typer) -> None:
@@ -227,7 +228,7 @@ def _max_positions(model: Path) -> int | None:
         value = json.loads((model / "config.json").read_text(encoding="utf-8")).get("max_position_embeddings")
     except (OSError, ValueError, AttributeError):
         return None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+    return value if is_int(value) and value > 0 else None
 
 
 def _progress(row: dict) -> None:

@@ -23,6 +23,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from m3bench.numbers import is_int
 from m3bench.runtime.errors import InputError
 
 HUB_PROBE_TIMEOUT_S = 3.0
@@ -124,7 +125,7 @@ def _mmlu_answer(answer: Any) -> int:
         return "ABCD".index(answer)
     if isinstance(answer, str) and answer.isdigit():
         answer = int(answer)
-    if isinstance(answer, bool) or not isinstance(answer, int) or not 0 <= answer <= 3:
+    if not is_int(answer) or not 0 <= answer <= 3:
         raise ValueError(f"answer must be 0-3 or A-D, got {answer!r}")
     return answer
 

@@ -18,6 +18,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Mapping
 
+from m3bench.numbers import is_number
 from m3bench.runtime.errors import InputError
 
 PLAN_KEYS = frozenset({"name", "checks"})
@@ -82,7 +83,7 @@ def _check(where: str, index: int, raw: Any, negatable: Mapping[CheckCommand, fr
         choices = ", ".join(c.value for c in CheckCommand)
         raise InputError(f"{where}: check {name!r}: command must be one of {choices}, got {raw.get('command')!r}") from None
     timeout = raw.get("timeout_s")
-    if timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0):
+    if timeout is not None and (not is_number(timeout) or timeout <= 0):
         raise InputError(f"{where}: check {name!r}: timeout_s must be a positive number")
     return Check(name, command, check_argv(where, name, raw.get("args"), negatable.get(command, frozenset())), timeout)
 

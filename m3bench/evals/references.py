@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from m3bench.evals.gate import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_SIGMA, Gate, make_gate, sigma_from_reference
-from m3bench.numbers import is_finite_number
+from m3bench.numbers import is_finite_number, is_int
 from m3bench.runtime.errors import InputError
 
 SPEC_KEYS = ("quant_algo", "kv_cache_quant_algo", "spec_dec_algo", "extra_acc_spec")
@@ -173,13 +173,13 @@ def _protocol_of(where: str, model: str, spec: RunSpec, raw: dict[str, Any]) -> 
         raise InputError(f"{where}: entry of {model!r} ({spec.describe()}) states no {', '.join(missing)} "
                          f"(the protocol it was measured with: {', '.join(PROTOCOL_KEYS)})")
     fewshot, chat, cap = raw["num_fewshot"], raw["chat"], raw.get("max_tokens")
-    if not _is_int(fewshot) or not isinstance(chat, bool) or not (cap is None or _is_int(cap)):
+    if not is_int(fewshot) or not isinstance(chat, bool) or not (cap is None or is_int(cap)):
         raise InputError(f"{where}: entry of {model!r}: num_fewshot and max_tokens must be integers, chat true or false")
     return ProtocolSpec(str(raw["protocol"]), str(raw["protocol_version"]), fewshot, chat, cap)
 
 
 def _acceptance_protocol_of(where: str, model: str, spec: RunSpec, raw: dict[str, Any]) -> AcceptanceProtocol:
-    if raw.get("protocol") is None or not _is_int(raw.get("draft_len")) or raw["draft_len"] < 1:
+    if raw.get("protocol") is None or not is_int(raw.get("draft_len")) or raw["draft_len"] < 1:
         raise InputError(f"{where}: entry of {model!r} ({spec.describe()}) needs protocol and an integer draft_len "
                          ">= 1 (how its acceptance length was measured)")
     return AcceptanceProtocol(str(raw["protocol"]), raw["draft_len"])
@@ -200,7 +200,7 @@ def _check_accuracy(what: str, values: dict[str, Any]) -> None:
             raise bad(key, "a probability between 0 and 1")
     if is_finite_number(values.get("sigma")) and values["sigma"] <= 0:
         raise bad("sigma", "above 0")
-    if "num_samples" in values and not (_is_int(values["num_samples"]) and values["num_samples"] >= 1):
+    if "num_samples" in values and not (is_int(values["num_samples"]) and values["num_samples"] >= 1):
         raise bad("num_samples", "a count of items (>= 1)")
     if "threshold" in values and not (is_finite_number(values["threshold"]) and 0.0 < values["threshold"] <= 100.0):
         raise bad("threshold", "a score above 0 and at most 100 (no score fails a threshold of 0)")
@@ -221,10 +221,6 @@ def _check_al(what: str, values: dict[str, Any], draft_len: int) -> None:
         raise InputError(f"{what}: min_al {values['min_al']} can never fail: every acceptance length is at least 1")
     if values["min_al"] > values["ref_al"]:
         raise InputError(f"{what}: min_al {values['min_al']} is above ref_al {values['ref_al']}")
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _parse_entries(where: str, doc: Any, build) -> list:
