@@ -214,10 +214,6 @@ class OpsSet(Enum):
     DOWN2_HEADS_INDEX = "skinny-pdl-side-whole-split-down2-heads-index"  # down2 + heads-index's two switches
     EVERY = "skinny-pdl-side-whole-split-down2-every"  # down2 + every switch that is off by default: the fused heads,
     #                                                   the index branch beside, the sum in the norm, the GEMVs
-    #                                                   (as timed in 2n / 2o: not the norm in q|k|v below)
-    NORM_QKV = "skinny-pdl-side-whole-split-down2-normqkv"  # down2 + the residual add + input norm in the q|k|v(|index)
-    #                                                         GEMM's launch (Attention.norm_in_qkv, kernels/
-    #                                                         norm_linear.py; off by default)
 
     @classmethod
     def runtime(cls) -> "OpsSet":
@@ -233,14 +229,13 @@ class OpsSet(Enum):
 HEADS_SETS = frozenset({OpsSet.HEADS, OpsSet.HEADS_INDEX, OpsSet.DOWN2_HEADS_INDEX, OpsSet.EVERY})
 INDEX_SETS = frozenset({OpsSet.INDEX, OpsSet.HEADS_INDEX, OpsSet.DOWN2_HEADS_INDEX, OpsSet.EVERY})
 SUM_NORM_SETS = frozenset({OpsSet.SUM_NORM, OpsSet.EVERY})
-NORM_QKV_SETS = frozenset({OpsSet.NORM_QKV})
 # the expert formats (kernels.moe.ROUTED_GEMV_FMTS) whose routed experts run one token as GEMVs: MXFP8 in the runtime's
 # set and those built on it, as the runtime does; plain ones too in the GEMV sets; none in the sets before (as timed)
 GEMV_FMTS = {OpsSet.DOWN2: frozenset({1}), OpsSet.SUM_NORM: frozenset({1}), OpsSet.DOWN2_HEADS_INDEX: frozenset({1}),
-             OpsSet.GEMV: frozenset({0, 1}), OpsSet.EVERY: frozenset({0, 1}), OpsSet.NORM_QKV: frozenset({1})}
+             OpsSet.GEMV: frozenset({0, 1}), OpsSet.EVERY: frozenset({0, 1})}
 # the routed experts' K split at one token: the down GEMM's chunks (kernels.moe.ROUTED_SPLIT_DOWN) of each split set
 SPLIT_DOWN = {OpsSet.SPLIT: 1, OpsSet.DOWN2: 2, OpsSet.DOWN4: 4, OpsSet.SUM_NORM: 2, OpsSet.GEMV: 2,
-              OpsSet.DOWN2_HEADS_INDEX: 2, OpsSet.EVERY: 2, OpsSet.NORM_QKV: 2}
+              OpsSet.DOWN2_HEADS_INDEX: 2, OpsSet.EVERY: 2}
 
 
 def pdl_of(ops: OpsSet):
@@ -282,7 +277,7 @@ def pdl_mode(mode=None):
 def set_ops(model, ops: OpsSet) -> None:
     """Switch the model's fast path to the fused ops of `ops` (TritonBackend.fuse_ops, SparseMoe's
     fuse_router / fuse_shared / fuse_align / fuse_router_input / shared_beside, Attention.fuse_branches /
-    fuse_qkv_heads / index_beside / norm_in_qkv, GatedMLP.fuse_act, SparseMoe.sum_in_norm,
+    fuse_qkv_heads / index_beside, GatedMLP.fuse_act, SparseMoe.sum_in_norm,
     the layers' skinny_rows) and the process to its PDL mode and routed-expert split (kernels.backend.PDL,
     kernels.moe.ROUTED_SPLIT_TOKENS, ROUTED_SPLIT_DOWN, ROUTED_GEMV_FMTS; pdl_mode() restores them)."""
     from m3bench.runtime.kernels import moe as moe_kernels
@@ -303,7 +298,6 @@ def set_ops(model, ops: OpsSet) -> None:
         layer.attn.fuse_branches = fused
         layer.attn.fuse_qkv_heads = ops in HEADS_SETS
         layer.attn.index_beside = ops in INDEX_SETS
-        layer.attn.norm_in_qkv = ops in NORM_QKV_SETS
         if hasattr(layer.mlp, "fuse_act"):  # the dense MLP
             layer.mlp.fuse_act = fused
         if isinstance(layer.mlp, SparseMoe):

@@ -29,7 +29,7 @@ from m3bench.runtime.layers.attention import Attention
 from m3bench.runtime.layers.linear import WeightSlot
 from m3bench.runtime.layers.mlp import GatedMLP
 from m3bench.runtime.layers.moe import SparseMoe
-from m3bench.runtime.layers.norm import PendingNorm, RMSNorm, neutral_value
+from m3bench.runtime.layers.norm import RMSNorm, neutral_value
 from m3bench.runtime.layers.rotary import RotaryEmbedding
 from m3bench.runtime.layers.weight_format import LinearFormat, fill_mxfp8, fill_nvfp4, linear_format, mx_loading
 from m3bench.runtime.parallel import SINGLE, TPGroup, vocab_parallel_embedding
@@ -63,8 +63,7 @@ class DecoderLayer(nn.Module):
 
     def forward_parts(self, h: torch.Tensor, x: torch.Tensor, cos, sin, meta: AttnMetadata, kv: KVCache,
                       backend) -> tuple[torch.Tensor, torch.Tensor | MoeSum]:
-        """h: the residual stream at the layer's input, x: input_norm(h) (or that add + norm pending, layers.norm.
-        PendingNorm: h is written when the attention runs it) -> (the stream after attention,
+        """h: the residual stream at the layer's input, x: input_norm(h) -> (the stream after attention,
         the MLP's output); the caller adds the two (fused with the next norm on the Triton backend, which also sums
         a fused MoE's partials when the MoE leaves them unsummed: kernels/moe_sum.py)."""
         a = self.attn(x, cos, sin, meta, kv, backend)
@@ -114,22 +113,9 @@ class M3ForCausalLM(nn.Module):
             if capture is not None and i in capture.layers:
                 capture.buffer[:h.shape[0], capture.layers.index(i)].copy_(h)
             h, delta = layer.forward_parts(h, x, cos, sin, meta, kv, self.backend)
-            h, x = self._next_input(i + 1, h, delta, fused, capture)
+            nxt = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.norm
+            h, x = nxt.add_forward(h, delta, fused)  # the MLP's residual add fused with the next norm
         return x
-
-    def _next_input(self, i: int, h: torch.Tensor, delta: torch.Tensor | MoeSum, fused,
-                    capture: CaptureSpec | None) -> tuple[torch.Tensor, torch.Tensor | PendingNorm]:
-        """(the residual stream h + delta, layer i's input: its input norm of that; the final norm's after the
-        last). The MLP's residual add runs fused with the next norm, or, where layer i's projection takes both
-        (Attention.norm_in_qkv), is left pending for it (the stream's tensor written there)."""
-        if i == len(self.layers):
-            return self.norm.add_forward(h, delta, fused)
-        nxt = self.layers[i]
-        if (nxt.attn.norm_in_qkv and isinstance(delta, torch.Tensor)
-                and not (capture is not None and i in capture.layers)):  # a capture copies the stream before layer i
-            pending = PendingNorm(h, delta, nxt.input_norm, fused, torch.empty_like(h))
-            return pending.h, pending
-        return nxt.input_norm.add_forward(h, delta, fused)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """[T] -> [T, H]; under TP each rank looks up the ids of its vocab rows, zeros elsewhere, then sums."""

@@ -41,8 +41,7 @@ FEW_ROWS = ("skinny-pdl-side-whole-heads", "skinny-pdl-side-whole-index", "skinn
             "skinny-pdl-side-whole-split-down2",  # ... their down GEMM's K too (the runtime's)
             "skinny-pdl-side-whole-split-down2-sumnorm",  # ... their sum in the next add + norm's launch
             "skinny-pdl-side-whole-split-down2-gemv",  # down2, one token's routed experts as GEMVs (other sums)
-            "skinny-pdl-side-whole-split-down2-every",  # down2 + heads, index beside, sum in the norm, GEMVs
-            "skinny-pdl-side-whole-split-down2-normqkv")  # down2, the add + input norm in the q|k|v GEMM (its rounding)
+            "skinny-pdl-side-whole-split-down2-every")  # down2 + heads, index beside, sum in the norm, GEMVs
 DOWN2, SUM_NORM = FEW_ROWS[4:6]
 
 

@@ -81,21 +81,3 @@ def test_gated_mlp_takes_the_kernels_by_itself():
     set_skinny_rows(layer, 0)
     want = layer(x, KernelBackend.AUTO, add=add)
     assert _rel(got, want.float()) < 2e-2
-
-
-@pytest.mark.parametrize("rows", [1, 4, 16])
-@pytest.mark.parametrize("gemma", [False, True])
-def test_norm_in_the_qkv_gemm_at_rank_shapes(rows, gemma):
-    """kernels/norm_linear.py at the q|k|v(|index) projection's shape: the stream h bit for bit as the add + norm
-    kernel stores it, y = norm(h) W^T against fp64 within the unfused path's error (add + norm, then the GEMM)."""
-    from m3bench.runtime.kernels.add_norm import add_rms_norm_fused
-    from m3bench.runtime.kernels.norm_linear import norm_linear, norm_linear_reference
-
-    w, r, g = _inputs(rows, 1920, 6144, rows * 3 + gemma)
-    d = torch.randn(rows, 6144, device="cuda", generator=g).to(torch.bfloat16)
-    nw = (torch.randn(6144, device="cuda", generator=g) * 0.3).to(torch.bfloat16)
-    h, y = norm_linear(r, d, nw, 1e-6, gemma, w)
-    h_apart, x = add_rms_norm_fused(r, d, nw, 1e-6, gemma)
-    want = norm_linear_reference(r, d, nw, 1e-6, gemma, w)[1]
-    assert torch.equal(h, h_apart) and not split_counters(r.device).any()
-    assert _rel(y, want) < 1e-2 and _rel(y, want) <= 2 * _rel(skinny_linear(x, w), want) + 1e-3

@@ -18,7 +18,6 @@ pick them when the backend selects Triton):
       per-head RMSNorm + partial RoPE of one attention branch + quantized KV write, one launch
   router.router_topk(logits, bias, top_k, scale)      sigmoid + bias + top-k + renormalise + scale
   add_norm.add_rms_norm_fused(residual, x, w, eps, gemma)   residual add + RMSNorm
-  norm_linear.norm_linear(residual, delta, norm_w, eps, gemma, w)   that add + norm inside the few-row GEMM after it
 
 Importing this package imports no triton: the Triton modules (`*_triton.py`) are imported
 lazily by the wrappers, only when a kernel actually runs through Triton (so TRITON_INTERPRET

@@ -8,8 +8,6 @@ one all-reduce. On the Triton backend each branch's per-head norms, RoPE and KV 
 kernel (kernels.norm_rope); with `fuse_qkv_heads` (off by default) the projection at up to 4 rows ends in them,
 one launch for both (kernels.skinny_heads); with `index_beside` (off by default) an MSA layer at up to 4 rows runs
 its index branch (projection, norm / RoPE / write, block selection) on a side lane beside q|k|v (kernels.lanes);
-with `norm_in_qkv` (off by default) the layer's input may come as its residual add + input norm still to run
-(layers.norm.PendingNorm), which the projection at few rows takes into its own launch (kernels.norm_linear);
 the torch path is the reference. `replicate_index_projection()` makes a
 rank compute every index head (as a deployment with a replicated index projection does) and keep
 the heads serving its KV heads.
@@ -26,9 +24,8 @@ from torch import nn
 from m3bench.runtime.attention import kernel_backend_of
 from m3bench.runtime.attention.metadata import AttnMetadata
 from m3bench.runtime.config import AttnKind, ModelConfig, NormKind
-from m3bench.runtime.kernels.backend import interpreting, use_triton
+from m3bench.runtime.kernels.backend import use_triton
 from m3bench.runtime.kernels.lanes import SideLane
-from m3bench.runtime.kernels.norm_linear import norm_linear, norm_linear_supported
 from m3bench.runtime.kernels.norm_rope import (
     Branch,
     BranchWrite,
@@ -46,14 +43,11 @@ from m3bench.runtime.layers.linear import (
     linear,
     skinny_runs,
 )
-from m3bench.runtime.layers.norm import PendingNorm, RMSNorm
+from m3bench.runtime.layers.norm import RMSNorm
 from m3bench.runtime.layers.rotary import apply_rope
 from m3bench.runtime.parallel import SINGLE, TPGroup
 
 INDEX_BESIDE_ROWS = 4  # as the shared expert beside (layers.moe): from 5 rows the GEMMs alone fill the GPU
-# The q|k|v(|index) projection at few rows takes the residual add + input norm before it into its launch (one launch
-# fewer a layer; Attention.norm_in_qkv, the model's loop hands it a PendingNorm). Off until timed.
-NORM_IN_QKV = False
 
 
 def _segments(cfg: ModelConfig, sparse: bool) -> tuple[Segment, ...]:
@@ -85,7 +79,6 @@ class Attention(nn.Module):
         self.fuse_branches = True  # fused path, MSA layers: both branches' norm + RoPE + write in one launch
         self.fuse_qkv_heads = False  # fused path at skinny rows: the projection ends in those (kernels.skinny_heads)
         self.index_beside = False  # fused path, MSA layers, up to INDEX_BESIDE_ROWS rows: index branch on a side lane
-        self.norm_in_qkv = NORM_IN_QKV  # fused path at skinny rows: the input's add + norm in the projection's launch
 
     def replicate_index_projection(self) -> None:
         """Every index head computed on this rank, the ones of its KV heads kept (call before loading)."""
@@ -99,37 +92,20 @@ class Attention(nn.Module):
         n = self.cfg.msa.index_heads // pieces
         self.index_pick = slice(piece * n, (piece + 1) * n)
 
-    def forward(self, x: torch.Tensor | PendingNorm, cos: torch.Tensor, sin: torch.Tensor, meta: AttnMetadata,
-                kv: KVCache, backend) -> torch.Tensor:
-        """x [T, H] (already input-normed), or its add + norm still to run (PendingNorm: taken into the projection's
-        launch where _norm_runs, else run first) -> [T, H]."""
-        if isinstance(x, PendingNorm) and not self._norm_runs(x, cos, backend):
-            x = x.ready()
-        like = x.residual if isinstance(x, PendingNorm) else x
-        fused = use_triton(kernel_backend_of(backend), like) and self._fusable(like, cos)
-        if fused and self._beside_runs(like, backend):
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttnMetadata, kv: KVCache,
+                backend) -> torch.Tensor:
+        """x [T, H] (already input-normed) -> [T, H]."""
+        fused = use_triton(kernel_backend_of(backend), x) and self._fusable(x, cos)
+        if fused and self._beside_runs(x, backend):
             o = self._msa_beside(x, cos, sin, meta, kv, backend)
         else:
             o = self._attend(x, fused, cos, sin, meta, kv, backend)
-        return self.o_proj(o.reshape(like.shape[0], -1))
-
-    def _norm_runs(self, p: PendingNorm, cos: torch.Tensor, backend) -> bool:
-        """The projection takes p's add + norm (kernels.norm_linear): norm_in_qkv, the fused path's few rows (CUDA,
-        or the CPU interpreter) over plain weights, neither the fused heads nor the index branch beside this call."""
-        r = p.residual
-        return (self.norm_in_qkv and bool(self.qkv.skinny_rows) and (r.is_cuda or interpreting())
-                and use_triton(kernel_backend_of(backend), r) and self._fusable(r, cos)
-                and self.qkv.weight_scale is None and not self.fuse_qkv_heads and not self._beside_runs(r, backend)
-                and norm_linear_supported(r, p.delta, self.qkv.weight, self.qkv.skinny_rows))
+        return self.o_proj(o.reshape(x.shape[0], -1))
 
     def _attend(self, x, fused: bool, cos, sin, meta: AttnMetadata, kv: KVCache, backend) -> torch.Tensor:
         """The projection, both branches' norm / RoPE / writes, then dense or MSA attention, one after another."""
         writes = self._branch_writes(kv) if fused else None  # built once, for either fused path
-        if isinstance(x, PendingNorm):  # _norm_runs: the add + norm in the projection's launch, h written
-            y = norm_linear(x.residual, x.delta, x.norm.weight, x.norm.eps, x.gemma, self.qkv.weight, self.qkv.bias,
-                            h_out=x.h)[1]
-            q, iq = self._prepare_fused(y, cos, sin, meta, writes)
-        elif writes is not None and self.fuse_qkv_heads and self._heads_run(x, self.qkv.weight, writes):
+        if writes is not None and self.fuse_qkv_heads and self._heads_run(x, self.qkv.weight, writes):
             q, iq = self._project_heads(x, writes, cos, sin, meta)
         else:
             y = self.qkv(x)

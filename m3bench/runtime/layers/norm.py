@@ -4,8 +4,6 @@ Triton, kernels.add_norm)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
@@ -31,44 +29,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, kind: NormKind) 
 
 
 def add_rms_norm(residual: torch.Tensor, x: torch.Tensor | MoeSum, weight: torch.Tensor, eps: float, kind: NormKind,
-                 backend: KernelBackend = KernelBackend.TORCH, y32_out: torch.Tensor | None = None,
-                 h_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(h, norm(h)) with h = residual + x (into h_out when given); y32_out (fp32 [T, H]) also receives norm(h)
-    widened. x may be a fused MoE's partials (kernels/moe_sum.MoeSum): summed in the fused kernel's launch, else by
-    their own sum launch first."""
+                 backend: KernelBackend = KernelBackend.TORCH, y32_out: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h, norm(h)) with h = residual + x; y32_out (fp32 [T, H]) also receives norm(h) widened. x may be a fused MoE's
+    partials (kernels/moe_sum.MoeSum): summed in the fused kernel's launch, else by their own sum launch first."""
     if use_triton(backend, residual) and add_norm_supported(residual, x):
-        out = None if h_out is None else (h_out, torch.empty_like(residual))
         return add_rms_norm_fused(residual.contiguous(), x if isinstance(x, MoeSum) else x.contiguous(), weight, eps,
-                                  kind is NormKind.GEMMA, out=out, y32_out=y32_out)
+                                  kind is NormKind.GEMMA, y32_out=y32_out)
     h = residual + summed(x)
-    if h_out is not None:
-        h = h_out.copy_(h)
     y = rms_norm(h, weight, eps, kind)
     if y32_out is not None:
         y32_out.copy_(y)
     return h, y
-
-
-@dataclass(frozen=True)
-class PendingNorm:
-    """norm(residual + delta), not computed yet: the next layer's input where its q|k|v projection takes the residual
-    add + norm into its own launch (Attention.norm_in_qkv, kernels/norm_linear.py). Whoever runs it writes
-    residual + delta into `h`, the residual stream the layer goes on with; `ready()` runs it as the add + norm."""
-
-    residual: torch.Tensor  # [T, H]
-    delta: torch.Tensor  # [T, H]
-    norm: "RMSNorm"
-    backend: KernelBackend
-    h: torch.Tensor  # [T, H], written by whoever runs it
-
-    @property
-    def gemma(self) -> bool:
-        return self.norm.kind is NormKind.GEMMA
-
-    def ready(self) -> torch.Tensor:
-        """norm(residual + delta) as the add + norm computes it (h written)."""
-        return add_rms_norm(self.residual, self.delta, self.norm.weight, self.norm.eps, self.norm.kind, self.backend,
-                            h_out=self.h)[1]
 
 
 def neutral_value(kind: NormKind) -> float:

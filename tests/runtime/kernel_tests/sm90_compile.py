@@ -37,7 +37,6 @@ from m3bench.runtime.kernels import (
     msa_index_triton,
     mx_tiles_triton,
     mxfp8_triton,
-    norm_linear_triton,
     norm_rope_triton,
     router_triton,
     skinny_heads_triton,
@@ -63,7 +62,7 @@ LAUNCHES = []
 SM90_MAX_SMEM = 232448  # bytes of shared memory one H100/H200 block may use
 KERNEL_MODULES = (attention_triton, msa_index_triton, moe_triton, kv_write_triton, mxfp8_triton, router_triton,
                   add_norm_triton, norm_rope_triton, mx_tiles_triton, moe_quant_triton, gated_act_triton, skinny_triton,
-                  skinny_heads_triton, moe_gemv_triton, norm_linear_triton)
+                  skinny_heads_triton, moe_gemv_triton)
 
 
 class Recorder:
@@ -181,18 +180,6 @@ def record_skinny():
                           gate=gate)
     for rows in (1, 4):
         skinny_linear(torch.randn(rows, 6144), torch.empty(128, 6144))
-    record_norm_linear()
-
-
-def record_norm_linear():
-    """The q|k|v(|index) GEMM taking the residual add + input norm (kernels/norm_linear.py), 1 and 16 rows, both norms."""
-    from m3bench.runtime.kernels.norm_linear import norm_linear
-
-    for rows in (1, 16):
-        r, d = (torch.randn(rows, 6144).to(torch.bfloat16) for _ in range(2))
-        w = torch.empty(1920, 6144, dtype=torch.bfloat16)
-        for gemma in (False, True):
-            norm_linear(r, d, torch.ones(6144, dtype=torch.bfloat16), 1e-6, gemma, w)
 
 
 def record_nvfp4_asm(q, iq, cache, ik, bt, lens, qsl, sel, q_len):

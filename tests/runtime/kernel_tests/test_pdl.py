@@ -162,7 +162,7 @@ def test_every_launch_site_passes_pdl_consistently():
     and every kernel of the Triton modules launched (sm90_compile.py --record-only: nothing compiles)."""
     proc = _run_script("--record-only", timeout=300)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    assert "launch flags: ok (26 kernels, 3 PDL modes)" in proc.stdout  # + the norm in the q|k|v GEMM
+    assert "launch flags: ok (25 kernels, 3 PDL modes)" in proc.stdout  # + the one-token MoE GEMVs (2026-12-06)
 
 
 @pytest.mark.slow
@@ -175,4 +175,4 @@ def test_every_pdl_variant_waits_before_any_global_access():
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("race check:"))
     done, total = line.split()[2].split("/")
-    assert done == total and int(total) >= 26 and "(26 kernels)" in line, line
+    assert done == total and int(total) >= 25 and "(25 kernels)" in line, line
