@@ -80,22 +80,8 @@ def gemm_role(x: torch.Tensor, weight: torch.Tensor, gate) -> str:
 @contextmanager
 def doubled(kind: str, counter: list):
     """Inside: every call of `kind` runs twice (counted in counter[0], once a call)."""
-    patched = []
-    if kind in SITES:
-        mod, names = SITES[kind]
-        for name in names:
-            patched.append((mod, name, getattr(mod, name)))
-            setattr(mod, name, _twice(getattr(mod, name), counter))
-    else:
-        for mod in (linear, mlp):
-            fn = mod.skinny_linear
-            patched.append((mod, "skinny_linear", fn))
-            mod.skinny_linear = _twice(fn, counter, lambda a, kw: gemm_role(a[0], a[1], kw.get("gate")) == kind)
-    try:
+    with _patched(kind, lambda fn, this: _twice(fn, counter, this)):
         yield
-    finally:
-        for mod, name, fn in patched:
-            setattr(mod, name, fn)
 
 
 @contextmanager
@@ -105,18 +91,26 @@ def removed(kind: str, counter: list, cache: Replay):
     routed experts' join of the side lane). counter[0] counts the calls."""
     if kind in IN_PLACE:
         raise ValueError(f"{kind} writes in place: it cannot be removed")
+    with _patched(kind, lambda fn, this: cache.wrap(fn, counter, this)):
+        yield
+
+
+@contextmanager
+def _patched(kind: str, wrap):
+    """Inside: the functions a kind's calls go through replaced by wrap(fn, this), `this(args, kwargs)` telling a call
+    of the kind from others through the same function (the GEMMs: skinny_linear by role); restored after."""
     patched = []
     if kind in SITES:
         mod, names = SITES[kind]
         for name in names:
             patched.append((mod, name, getattr(mod, name)))
-            setattr(mod, name, cache.wrap(getattr(mod, name), counter))
+            setattr(mod, name, wrap(getattr(mod, name), lambda a, kw: True))
     else:
         roles = ROLES.get(kind, (kind,))
         for mod in (linear, mlp):
             fn = mod.skinny_linear
             patched.append((mod, "skinny_linear", fn))
-            mod.skinny_linear = cache.wrap(fn, counter, lambda a, kw: gemm_role(a[0], a[1], kw.get("gate")) in roles)
+            mod.skinny_linear = wrap(fn, lambda a, kw: gemm_role(a[0], a[1], kw.get("gate")) in roles)
     try:
         yield
     finally:
