@@ -214,6 +214,8 @@ class OpsSet(Enum):
     DOWN2_HEADS_INDEX = "skinny-pdl-side-whole-split-down2-heads-index"  # down2 + heads-index's two switches
     EVERY = "skinny-pdl-side-whole-split-down2-every"  # down2 + every switch that is off by default: the fused heads,
     #                                                   the index branch beside, the sum in the norm, the GEMVs
+    SELECT = "skinny-pdl-side-whole-split-down2-select"  # down2 + the MSA top-k in the attention launch (TritonBackend.
+    #                                                      select_in_attention, msa_index.BlockScores; off by default)
 
     @classmethod
     def runtime(cls) -> "OpsSet":
@@ -229,13 +231,14 @@ class OpsSet(Enum):
 HEADS_SETS = frozenset({OpsSet.HEADS, OpsSet.HEADS_INDEX, OpsSet.DOWN2_HEADS_INDEX, OpsSet.EVERY})
 INDEX_SETS = frozenset({OpsSet.INDEX, OpsSet.HEADS_INDEX, OpsSet.DOWN2_HEADS_INDEX, OpsSet.EVERY})
 SUM_NORM_SETS = frozenset({OpsSet.SUM_NORM, OpsSet.EVERY})
+SELECT_SETS = frozenset({OpsSet.SELECT})
 # the expert formats (kernels.moe.ROUTED_GEMV_FMTS) whose routed experts run one token as GEMVs: MXFP8 in the runtime's
 # set and those built on it, as the runtime does; plain ones too in the GEMV sets; none in the sets before (as timed)
 GEMV_FMTS = {OpsSet.DOWN2: frozenset({1}), OpsSet.SUM_NORM: frozenset({1}), OpsSet.DOWN2_HEADS_INDEX: frozenset({1}),
-             OpsSet.GEMV: frozenset({0, 1}), OpsSet.EVERY: frozenset({0, 1})}
+             OpsSet.GEMV: frozenset({0, 1}), OpsSet.EVERY: frozenset({0, 1}), OpsSet.SELECT: frozenset({1})}
 # the routed experts' K split at one token: the down GEMM's chunks (kernels.moe.ROUTED_SPLIT_DOWN) of each split set
 SPLIT_DOWN = {OpsSet.SPLIT: 1, OpsSet.DOWN2: 2, OpsSet.DOWN4: 4, OpsSet.SUM_NORM: 2, OpsSet.GEMV: 2,
-              OpsSet.DOWN2_HEADS_INDEX: 2, OpsSet.EVERY: 2}
+              OpsSet.DOWN2_HEADS_INDEX: 2, OpsSet.EVERY: 2, OpsSet.SELECT: 2}
 
 
 def pdl_of(ops: OpsSet):
@@ -275,8 +278,8 @@ def pdl_mode(mode=None):
 
 
 def set_ops(model, ops: OpsSet) -> None:
-    """Switch the model's fast path to the fused ops of `ops` (TritonBackend.fuse_ops, SparseMoe's
-    fuse_router / fuse_shared / fuse_align / fuse_router_input / shared_beside, Attention.fuse_branches /
+    """Switch the model's fast path to the fused ops of `ops` (TritonBackend.fuse_ops / select_in_attention,
+    SparseMoe's fuse_router / fuse_shared / fuse_align / fuse_router_input / shared_beside, Attention.fuse_branches /
     fuse_qkv_heads / index_beside, GatedMLP.fuse_act, SparseMoe.sum_in_norm,
     the layers' skinny_rows) and the process to its PDL mode and routed-expert split (kernels.backend.PDL,
     kernels.moe.ROUTED_SPLIT_TOKENS, ROUTED_SPLIT_DOWN, ROUTED_GEMV_FMTS; pdl_mode() restores them)."""
@@ -293,6 +296,8 @@ def set_ops(model, ops: OpsSet) -> None:
     moe_kernels.ROUTED_GEMV_FMTS = GEMV_FMTS.get(ops, frozenset())
     if hasattr(model.backend, "fuse_ops"):
         model.backend.fuse_ops = fused_v1
+    if hasattr(model.backend, "select_in_attention"):
+        model.backend.select_in_attention = ops in SELECT_SETS
     set_skinny_rows(model, SKINNY_MAX_ROWS if ops.holds(OpsSet.SKINNY) else 0)
     for layer in model.layers:
         layer.attn.fuse_branches = fused

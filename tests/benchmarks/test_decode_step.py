@@ -247,7 +247,7 @@ def test_the_runtime_ops_set_is_what_the_runtime_does_by_default(fl, rt):
 
     def switches(model) -> list:
         flags = [backend.PDL["launch"], moe.ROUTED_SPLIT_TOKENS, moe.ROUTED_SPLIT_DOWN, moe.ROUTED_GEMV_FMTS,
-                 getattr(model.backend, "fuse_ops", None)]
+                 getattr(model.backend, "fuse_ops", None), getattr(model.backend, "select_in_attention", None)]
         for layer in model.layers:
             parts = (layer.attn, layer.mlp, getattr(layer.mlp, "shared", None))
             names = ("fuse_branches", "fuse_qkv_heads", "index_beside", "fuse_act", "fuse_router", "fuse_shared",
@@ -256,15 +256,20 @@ def test_the_runtime_ops_set_is_what_the_runtime_does_by_default(fl, rt):
             flags += [m.skinny_rows for m in layer.modules() if hasattr(m, "skinny_rows")]
         return flags
 
+    from m3bench.runtime.attention.triton_backend import TritonBackend
+
     with setup.pdl_mode(backend.pdl_from_env()):
         model = setup.rank_model(s, setup.our_config(setup.hf_m3_config(s, 2, 256)), torch.float32,
-                                 torch.device("cpu"), None)
+                                 torch.device("cpu"), TritonBackend())
         built = switches(model)
         setup.set_ops(model, setup.OpsSet.runtime())
         assert switches(model) == built
-        for ops in (setup.OpsSet.SKINNY_PDL_SIDE_WHOLE, setup.OpsSet.SPLIT):  # routed experts unsplit, down whole
-            setup.set_ops(model, ops)
+        for ops in (setup.OpsSet.SKINNY_PDL_SIDE_WHOLE, setup.OpsSet.SPLIT, setup.OpsSet.SELECT):
+            setup.set_ops(model, ops)  # routed experts unsplit, the down GEMM whole, the top-k in the attention
             assert switches(model) != built
+        assert model.backend.select_in_attention
+        setup.set_ops(model, setup.OpsSet.runtime())
+        assert switches(model) == built
 
 
 def test_pdl_ops_sets_switch_the_process_and_are_restored(fl, rt):

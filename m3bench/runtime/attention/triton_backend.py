@@ -18,9 +18,17 @@ from m3bench.runtime.attention.metadata import AttnMetadata
 from m3bench.runtime.config import MsaConfig
 from m3bench.runtime.errors import ConfigError
 from m3bench.runtime.kernels.attention import paged_attention
-from m3bench.runtime.kernels.backend import KernelBackend
-from m3bench.runtime.kernels.msa_index import msa_select_blocks
+from m3bench.runtime.kernels.backend import KernelBackend, use_triton
+from m3bench.runtime.kernels.msa_index import (
+    BlockScores,
+    msa_block_scores,
+    msa_select_blocks,
+)
 from m3bench.runtime.kv_cache import KVCache
+
+# MSA layers select their blocks in the attention launch (msa_index.BlockScores: every attention program ranks its
+# token's block scores) instead of a top-k launch between the scores and the attention. Off until timed on a GPU.
+SELECT_IN_ATTENTION = False
 
 
 def check_msa_layout(m: MsaConfig, tokens_per_block: int) -> None:
@@ -44,9 +52,12 @@ class TritonBackend:
 
     graph_safe = True
 
-    def __init__(self, kernel_backend: KernelBackend = KernelBackend.TRITON, fuse_ops: bool = True):
+    def __init__(self, kernel_backend: KernelBackend = KernelBackend.TRITON, fuse_ops: bool = True,
+                 select_in_attention: bool | None = None):
         self.kernel_backend = kernel_backend
         self.fuse_ops = fuse_ops  # the layers' fused norm + RoPE + KV write and add + norm (attention.kernel_backend_of)
+        # msa(): the top-k in the attention launch (None: SELECT_IN_ATTENTION)
+        self.select_in_attention = SELECT_IN_ATTENTION if select_in_attention is None else select_in_attention
 
     def dense(self, layer: int, q: torch.Tensor, meta: AttnMetadata, kv: KVCache, scale: float) -> torch.Tensor:
         k, v, _ = kv.pages(layer)
@@ -55,7 +66,17 @@ class TritonBackend:
 
     def msa(self, layer: int, q: torch.Tensor, iq: torch.Tensor, meta: AttnMetadata, kv: KVCache,
             scale: float, m: MsaConfig) -> torch.Tensor:
+        if self.select_in_attention and use_triton(self.kernel_backend, q):
+            return self.msa_attend(layer, q, self.msa_scores(layer, iq, meta, kv, m), meta, kv, scale)
         return self.msa_attend(layer, q, self.msa_select(layer, iq, meta, kv, m), meta, kv, scale)
+
+    def msa_scores(self, layer: int, iq: torch.Tensor, meta: AttnMetadata, kv: KVCache, m: MsaConfig) -> BlockScores:
+        """The MSA layer's block scores, for msa_attend to select from in the attention launch (no top-k launch)."""
+        check_msa_layout(m, kv.page_size)
+        k, _, ik = kv.pages(layer)
+        scores = msa_block_scores(iq, ik, meta.block_tables, meta.seq_lens, meta.query_start_loc, m.init_blocks,
+                                  max_query_len=max_query_len(meta))
+        return _per_kv_head(BlockScores(scores, m.topk_blocks, kv.page_size), k.shape[1])
 
     def msa_select(self, layer: int, iq: torch.Tensor, meta: AttnMetadata, kv: KVCache, m: MsaConfig) -> torch.Tensor:
         """The MSA layer's selected blocks [T, Hkv, topk] from its index queries and index-key cache (msa's first
@@ -64,9 +85,9 @@ class TritonBackend:
         k, _, ik = kv.pages(layer)
         return self.select(iq, ik, meta, m, hkv=k.shape[1])
 
-    def msa_attend(self, layer: int, q: torch.Tensor, sel: torch.Tensor, meta: AttnMetadata, kv: KVCache,
-                   scale: float) -> torch.Tensor:
-        """Paged attention over the selected blocks (msa's second half)."""
+    def msa_attend(self, layer: int, q: torch.Tensor, sel: torch.Tensor | BlockScores, meta: AttnMetadata,
+                   kv: KVCache, scale: float) -> torch.Tensor:
+        """Paged attention over the selected blocks, or the top-k blocks of block scores (msa's second half)."""
         k, v, _ = kv.pages(layer)
         return paged_attention(q, k, v, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale,
                                selected_blocks=sel, max_query_len=max_query_len(meta),
@@ -77,8 +98,14 @@ class TritonBackend:
         sel = msa_select_blocks(iq, ik, meta.block_tables, meta.seq_lens, meta.query_start_loc,
                                 m.topk_blocks, m.init_blocks, max_query_len=max_query_len(meta),
                                 backend=self.kernel_backend)
-        if sel.shape[1] == hkv:
-            return sel
-        if sel.shape[1] == 1:
-            return sel.expand(-1, hkv, -1)
-        raise ConfigError(f"{sel.shape[1]} local index heads cannot serve {hkv} local KV heads")
+        return _per_kv_head(sel, hkv)
+
+
+def _per_kv_head(sel, hkv: int):
+    """A selection (or BlockScores) of Hi index heads for hkv KV heads: as it is, or one head broadcast."""
+    heads = (sel.scores if isinstance(sel, BlockScores) else sel).shape[1]
+    if heads == hkv:
+        return sel
+    if heads == 1:
+        return sel.expand(hkv) if isinstance(sel, BlockScores) else sel.expand(-1, hkv, -1)
+    raise ConfigError(f"{heads} local index heads cannot serve {hkv} local KV heads")

@@ -5,7 +5,8 @@
 
 q [T, Hq, d]; k_cache / v_cache [pages, Hkv, P, d] bf16/fp16/fp32/float8_e4m3fn, or
 Nvfp4Pages (the format is taken from the cache objects); selected_blocks [T, Hkv, topk] int32
-(-1 padded) restricts each token to those blocks (MSA, page == sparse block).
+(-1 padded) restricts each token to those blocks (MSA, page == sparse block); a msa_index.BlockScores
+[T, Hkv, width] instead: to the top-k blocks of those scores, selected in the attention kernel.
 max_query_len is a static upper bound of the per-request query lengths (a CUDA-graph-safe
 launch size); None reads it from query_start_loc on the host.
 """
@@ -33,6 +34,7 @@ from m3bench.runtime.kernels.backend import (
     use_triton,
 )
 from m3bench.runtime.kernels.kv_quant import KVFormat, PagedTensor, kv_format_of
+from m3bench.runtime.kernels.msa_index import BlockScores, selection_args
 
 MAX_SEGMENTS = 128
 MIN_TILES_PER_SEGMENT = 4
@@ -65,7 +67,7 @@ def paged_attention(
     seq_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
     scale: float,
-    selected_blocks: torch.Tensor | None = None,
+    selected_blocks: torch.Tensor | BlockScores | None = None,
     out: torch.Tensor | None = None,
     max_query_len: int | None = None,
     backend: KernelBackend = KernelBackend.AUTO,
@@ -74,6 +76,8 @@ def paged_attention(
 ) -> torch.Tensor:
     """Causal paged GQA attention over each token's own prefix (or its selected blocks)."""
     if not use_triton(backend, q):
+        if isinstance(selected_blocks, BlockScores):
+            raise ValueError("paged_attention: block scores are selected by the Triton kernel only")
         return reference.paged_attention_ref(
             q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, selected_blocks, out
         )
@@ -97,7 +101,7 @@ def plan_attention(q, k_cache, block_tables, max_query_len, selected_blocks, num
     n_qblk = max(1, max_query_len) if sparse else math.ceil(max(1, max_query_len) / block_q)
     tile = tile or default_tile(page, block_m, n_req * n_qblk * hkv, sparse)
     if sparse:
-        max_iters = selected_blocks.shape[-1] * (page // tile)
+        max_iters = topk_of(selected_blocks) * (page // tile)
     else:
         max_iters = math.ceil(block_tables.shape[1] * page / tile)
     if num_segments is None:
@@ -105,6 +109,24 @@ def plan_attention(q, k_cache, block_tables, max_query_len, selected_blocks, num
         steps = 1 if few_programs(block_m, programs) else MIN_TILES_PER_SEGMENT
         num_segments = min(MAX_SEGMENTS, max(1, target_programs(q) // programs), max(1, max_iters // steps))
     return AttnLaunch(block_m, block_q, n_qblk, tile, prev_pow2(num_segments))
+
+
+def topk_of(selected_blocks: torch.Tensor | BlockScores) -> int:
+    """The blocks a token attends to at most (MSA)."""
+    return selected_blocks.topk if isinstance(selected_blocks, BlockScores) else selected_blocks.shape[-1]
+
+
+def _selection(sel: torch.Tensor | BlockScores | None, block_tables: torch.Tensor) -> tuple:
+    """(the kernel's sel_ptr tensor, its token and head strides, its constexprs) for block scores (SELECT: the
+    kernel ranks them, selection_args), selected blocks, or none (dense: the block tables as a dummy)."""
+    if isinstance(sel, BlockScores):
+        s = sel.scores
+        return s, (s.stride(0), s.stride(1)), {**selection_args(s.shape[-1], sel.topk), "SPARSE": True,
+                                               "SELECT": True}
+    unused = {**selection_args(1, 1), "SELECT": False}  # the selection's constexprs, not read
+    if sel is None:
+        return block_tables, (0, 0), {**unused, "TOPK": 1, "SPARSE": False}
+    return sel, (sel.stride(0), sel.stride(1)), {**unused, "TOPK": sel.shape[-1], "SPARSE": True}
 
 
 def default_tile(page: int, block_m: int, programs: int, sparse: bool) -> int:
@@ -139,8 +161,7 @@ def _launch_attention(q, k_cache, v_cache, block_tables, seq_lens, qsl, scale, s
     n_seg = launch.n_seg
     part_o = q.new_empty((n_tok, hq, n_seg, d), dtype=torch.float32) if n_seg > 1 else out
     part_lse = q.new_empty((n_tok, hq, n_seg), dtype=torch.float32) if n_seg > 1 else out
-    sel_t = sel if sel is not None else block_tables
-    sel_strides = (sel.stride(0), sel.stride(1)) if sel is not None else (0, 0)
+    sel_t, sel_strides, sel_args = _selection(sel, block_tables)
     grid = (block_tables.shape[0] * launch.n_qblk, hkv, n_seg)
     paged_attn_kernel[grid](
         q, out, part_o, part_lse, kd, ks, kgs, vd, vs, vgs,
@@ -149,8 +170,7 @@ def _launch_attention(q, k_cache, v_cache, block_tables, seq_lens, qsl, scale, s
         *kd.stride()[:3], *scale_row_strides(k_cache), *vd.stride()[:3], *scale_row_strides(v_cache),
         block_tables.stride(0), *sel_strides,
         HQ=hq, G=hq // hkv, D=d, PAGE=page, TILE=launch.tile, BLOCK_M=launch.block_m,
-        BLOCK_Q=launch.block_q, SPLIT=n_seg > 1,
-        TOPK=sel.shape[-1] if sel is not None else 1, SPARSE=sel is not None,
+        BLOCK_Q=launch.block_q, SPLIT=n_seg > 1, **sel_args,
         FMT=FMT_CODE[fmt], F32=q.dtype == torch.float32 or interpreting(), ASM=fmt is KVFormat.NVFP4 and nvfp4_asm(q),
         num_warps=4,
         num_stages=3,

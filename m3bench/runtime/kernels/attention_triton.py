@@ -4,7 +4,8 @@ Grid (static): (B * n_qblk, Hkv, n_seg). One program packs the G query heads of 
 times BLOCK_Q query tokens of one request into BLOCK_M >= 16 rows (row r: token r // G, head
 r % G), so each K/V tile is read once per KV head and tl.dot has M >= 16. Keys come in tiles
 of TILE tokens, each looking up its page in the block table. Dense mode walks the request's
-keys 0..max position; sparse mode (BLOCK_Q = 1) walks the TOPK selected blocks of its token.
+keys 0..max position; sparse mode (BLOCK_Q = 1) walks the TOPK selected blocks of its token, read from the
+selection, or (SELECT) picked by the program from its token's block scores (msa_index_triton.row_top_ids).
 With SPLIT (n_seg > 1) each program writes a normalized partial output and its log2-sum-exp, and
 `reduce_kernel` merges the segments. Lengths are read on the device only. NVFP4 scale strides
 (s_ksp.., s_vsp..) count rows of D/16 scales (backend.scale_row_strides).
@@ -13,18 +14,30 @@ With SPLIT (n_seg > 1) each program writes a normalized partial output and its l
 import triton
 import triton.language as tl
 
-from m3bench.runtime.kernels.kv_tiles_triton import dot_parts, kv_tile_factor, load_kv_parts, load_query, mma
+from m3bench.runtime.kernels.kv_tiles_triton import (
+    dot_parts,
+    kv_tile_factor,
+    load_kv_parts,
+    load_query,
+    mma,
+)
+from m3bench.runtime.kernels.msa_index_triton import row_top_ids
 from m3bench.runtime.kernels.pdl_triton import pdl_wait
 
 NEG_BIG = tl.constexpr(-1.0e30)
 
 
 @triton.jit
-def _tile_start(it, sel_ptr, seq_len, SPARSE: tl.constexpr, SUB: tl.constexpr, PAGE: tl.constexpr,
-                TILE: tl.constexpr):
-    """Logical position of the first key of iteration `it`, and the key limit (0: no tile)."""
+def _tile_start(it, sel_ptr, ids, seq_len, SPARSE: tl.constexpr, SELECT: tl.constexpr, SUB: tl.constexpr,
+                PAGE: tl.constexpr, TILE: tl.constexpr):
+    """Logical position of the first key of iteration `it`, and the key limit (0: no tile). SELECT: the blocks are
+    the program's own picks `ids` (slot order), else read from the selection row."""
     if SPARSE:
-        blk = tl.load(sel_ptr + it // SUB)
+        if SELECT:
+            slots = tl.arange(0, ids.shape[0])
+            blk = tl.max(tl.where(slots == it // SUB, ids, -1), axis=0)
+        else:
+            blk = tl.load(sel_ptr + it // SUB)
         return tl.maximum(blk, 0) * PAGE + (it % SUB) * TILE, tl.where(blk >= 0, seq_len, 0)
     else:
         return it * TILE, seq_len
@@ -42,7 +55,8 @@ def paged_attn_kernel(
     HQ: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, TILE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, SPLIT: tl.constexpr,
     TOPK: tl.constexpr, SPARSE: tl.constexpr, FMT: tl.constexpr, F32: tl.constexpr, ASM: tl.constexpr,
-    PDL: tl.constexpr,
+    SELECT: tl.constexpr, TOPK_P2: tl.constexpr, RANK_N: tl.constexpr, LONG: tl.constexpr, CHUNK: tl.constexpr,
+    ONE_CHUNK: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
     pid = tl.program_id(0)
@@ -74,6 +88,10 @@ def paged_attn_kernel(
     it_lo = seg * per_seg
     it_hi = tl.minimum(it_lo + per_seg, n_iter)
     sel_row = sel_ptr + (q_start + qb).to(tl.int64) * s_selt + h * s_selh
+    if SELECT:  # sel_row: the token's block scores; its picks as msa_index_triton.topk_kernel makes them
+        ids = row_top_ids(sel_row, (seq_len - q_len + qb) // PAGE + 1, TOPK, TOPK_P2, RANK_N, LONG, CHUNK, ONE_CHUNK)
+    else:
+        ids = tl.full([TOPK_P2], -1, tl.int32)  # not read
     kgs = kv_tile_factor(kgs_ptr, FMT)  # NVFP4: the tiles' global scale (x 64), applied to S and the output
     vgs = kv_tile_factor(vgs_ptr, FMT)
     s_scale = sm_scale_log2 * kgs
@@ -87,7 +105,7 @@ def paged_attn_kernel(
         acc = tl.zeros([BLOCK_M, D], tl.float32)
     toks = tl.arange(0, TILE)
     for it in range(it_lo, it_hi):
-        start, limit = _tile_start(it, sel_row, seq_len, SPARSE, SUB, PAGE, TILE)
+        start, limit = _tile_start(it, sel_row, ids, seq_len, SPARSE, SELECT, SUB, PAGE, TILE)
         kpos = start + toks
         kmask = kpos < limit
         page = tl.load(bt_ptr + b * s_bt + start // PAGE).to(tl.int64)

@@ -6,11 +6,18 @@ iq [T, Hi, di] (index head h serves KV head h); ik_cache [pages, P, di] (bf16/fp
 Nvfp4Pages), P == sparse block size. Returns [T, Hi, topk] int32 block ids: the token's local
 block first, then init blocks, then the highest max-scores, -1 padded. Feed it to
 paged_attention(..., selected_blocks=sel).
+
+    scores = msa_block_scores(iq, ik_cache, block_tables, seq_lens, query_start_loc)
+    out = paged_attention(..., selected_blocks=BlockScores(scores, 16, page))   # the same selection, in-kernel
+
+The second form leaves out the top-k launch: the attention kernel ranks the row's scores itself (every program of
+the row alike, row_top_ids) and attends to the blocks the top-k kernel would have written, in the same slot order.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -64,15 +71,47 @@ def msa_select_blocks(
         )
     if max_query_len is None:
         max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
-    n_tok, hi, _ = iq.shape
     if out is None:
-        out = torch.empty((n_tok, hi, topk), dtype=torch.int32, device=iq.device)
-    scores = torch.empty((n_tok, hi, block_tables.shape[1]), dtype=torch.float32, device=iq.device)
-    _launch_scores(iq, ik_cache, block_tables, seq_lens, query_start_loc, init_blocks,
-                   scores, max(1, max_query_len), num_segments)
+        out = torch.empty((*iq.shape[:2], topk), dtype=torch.int32, device=iq.device)
+    scores = msa_block_scores(iq, ik_cache, block_tables, seq_lens, query_start_loc, init_blocks, max_query_len,
+                              num_segments)
     select_top_blocks(scores, out, ik_cache.shape[1], seq_lens, query_start_loc, topk, max(1, max_query_len),
                       topk_warps)
     return out
+
+
+@dataclass(frozen=True)
+class BlockScores:
+    """Block scores [T, Hi, width] (msa_block_scores) whose top-k blocks a kernel selects where it reads them:
+    paged_attention(..., selected_blocks=BlockScores(...)) attends to the blocks select_top_blocks would pick,
+    in its slot order, with no launch of its own."""
+
+    scores: torch.Tensor
+    topk: int
+    page: int
+
+    def expand(self, heads: int) -> BlockScores:
+        """One index head's scores serving `heads` KV heads (a stride-0 view)."""
+        return replace(self, scores=self.scores.expand(-1, heads, -1))
+
+    def selected(self, seq_lens: torch.Tensor, query_start_loc: torch.Tensor, max_query_len: int) -> torch.Tensor:
+        """The blocks [T, Hi, topk] int32 select_top_blocks picks from these scores (Triton)."""
+        out = torch.empty((*self.scores.shape[:2], self.topk), dtype=torch.int32, device=self.scores.device)
+        select_top_blocks(self.scores, out, self.page, seq_lens, query_start_loc, self.topk, max(1, max_query_len))
+        return out
+
+
+def msa_block_scores(iq: torch.Tensor, ik_cache: PagedTensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                     query_start_loc: torch.Tensor, init_blocks: int = 0, max_query_len: int | None = None,
+                     num_segments: int | None = None) -> torch.Tensor:
+    """The first half of msa_select_blocks (Triton): block scores [T, Hi, width] fp32, width the block table's; the
+    local block +inf, init blocks INIT_SCORE, blocks past the local one unspecified."""
+    if max_query_len is None:
+        max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
+    scores = torch.empty((*iq.shape[:2], block_tables.shape[1]), dtype=torch.float32, device=iq.device)
+    _launch_scores(iq, ik_cache, block_tables, seq_lens, query_start_loc, init_blocks,
+                   scores, max(1, max_query_len), num_segments)
+    return scores
 
 
 def _launch_scores(iq, ik_cache, block_tables, seq_lens, qsl, init_blocks, scores, max_q, n_seg):
@@ -113,14 +152,21 @@ def select_top_blocks(scores: torch.Tensor, out: torch.Tensor, page: int, seq_le
     from m3bench.runtime.kernels.msa_index_triton import topk_kernel
 
     n_req, hi, width = seq_lens.shape[0], scores.shape[1], scores.shape[-1]
-    rank_n = max(next_pow2(topk), min(RANK_BLOCKS, next_pow2(width)))
-    chunk = min(MAX_TOPK_CHUNK, max(16, next_pow2(width)))
+    sel = selection_args(width, topk)
     topk_kernel[(n_req * max_q, hi)](
         scores, out, seq_lens, qsl, max_q,
         scores.stride(0), scores.stride(1), out.stride(0), out.stride(1),
-        PAGE=page, TOPK=topk, TOPK_P2=next_pow2(topk), RANK_N=rank_n, LONG=width > rank_n, CHUNK=chunk,
-        ONE_CHUNK=chunk >= width, num_warps=num_warps or topk_warps_for(width, rank_n), **pdl_args(scores),
+        PAGE=page, **sel, num_warps=num_warps or topk_warps_for(width, sel["RANK_N"]), **pdl_args(scores),
     )
+
+
+def selection_args(width: int, topk: int) -> dict:
+    """The selection's constexprs for rows of `width` block scores (topk_kernel, msa_index_triton.row_top_ids):
+    rank tile, rounds from RANK_N valid blocks (LONG), the row in registers up to CHUNK blocks."""
+    rank_n = max(next_pow2(topk), min(RANK_BLOCKS, next_pow2(width)))
+    chunk = min(MAX_TOPK_CHUNK, max(16, next_pow2(width)))
+    return {"TOPK": topk, "TOPK_P2": next_pow2(topk), "RANK_N": rank_n, "LONG": width > rank_n, "CHUNK": chunk,
+            "ONE_CHUNK": chunk >= width}
 
 
 def topk_warps_for(width: int, rank_n: int) -> int:

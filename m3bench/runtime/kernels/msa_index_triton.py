@@ -160,6 +160,14 @@ def _select_by_rounds(row, out_row, n_valid, TOPK: tl.constexpr, TOPK_P2: tl.con
     """TOPK rounds of "the largest key below the previous pick"; with ONE_CHUNK the whole row stays in
     registers (one load), else every round re-reads it chunk by chunk."""
     slots = tl.arange(0, TOPK_P2)
+    tl.store(out_row + slots, _ids_by_rounds(row, n_valid, TOPK, TOPK_P2, CHUNK, ONE_CHUNK), mask=slots < TOPK)
+
+
+@triton.jit
+def _ids_by_rounds(row, n_valid, TOPK: tl.constexpr, TOPK_P2: tl.constexpr, CHUNK: tl.constexpr,
+                   ONE_CHUNK: tl.constexpr):
+    """_select_by_rounds' picks [TOPK_P2] in slot order (-1 past the last pick and past TOPK)."""
+    slots = tl.arange(0, TOPK_P2)
     ids = tl.full([TOPK_P2], -1, tl.int32)
     idx0 = tl.arange(0, CHUNK)
     keys = ordered_key(tl.load(row + idx0, mask=idx0 < n_valid, other=float("nan")), idx0, idx0 < n_valid)
@@ -171,7 +179,7 @@ def _select_by_rounds(row, out_row, n_valid, TOPK: tl.constexpr, TOPK_P2: tl.con
             best = _next_key(row, n_valid, prev, CHUNK)
         ids = tl.where(slots == k, key_index(best), ids)
         prev = best
-    tl.store(out_row + slots, ids, mask=slots < TOPK)
+    return ids
 
 
 @triton.jit
@@ -183,3 +191,34 @@ def _next_key(row, n_valid, prev, CHUNK: tl.constexpr):
         keys = ordered_key(tl.load(row + idx, mask=idx < n_valid, other=float("nan")), idx, idx < n_valid)
         best = tl.maximum(best, tl.max(tl.where(keys < prev, keys, NO_KEY), axis=0))
     return best
+
+
+@triton.jit
+def row_top_ids(row, n_valid, TOPK: tl.constexpr, TOPK_P2: tl.constexpr, RANK_N: tl.constexpr, LONG: tl.constexpr,
+                CHUNK: tl.constexpr, ONE_CHUNK: tl.constexpr):
+    """topk_kernel's selection of one row of scores as a register vector [TOPK_P2] in slot order, -1 padded (for a
+    kernel that attends to the blocks it selects: attention_triton's SELECT): by rank up to RANK_N valid blocks,
+    else (LONG) by rounds."""
+    if LONG:
+        if n_valid <= RANK_N:
+            ids = _ids_by_rank(row, n_valid, TOPK, TOPK_P2, RANK_N)
+        else:
+            ids = _ids_by_rounds(row, n_valid, TOPK, TOPK_P2, CHUNK, ONE_CHUNK)
+    else:
+        ids = _ids_by_rank(row, n_valid, TOPK, TOPK_P2, RANK_N)
+    return ids
+
+
+@triton.jit
+def _ids_by_rank(row, n_valid, TOPK: tl.constexpr, TOPK_P2: tl.constexpr, N: tl.constexpr):
+    """_select_by_rank's picks held in registers: slot s takes the block of rank s ([TOPK_P2, N] tile), -1 where no
+    block has that rank."""
+    j = tl.arange(0, N)[:, None]
+    i = tl.arange(0, N)[None, :]
+    vj = tl.load(row + j, mask=j < n_valid, other=float("nan"))
+    vi = tl.load(row + i, mask=i < n_valid, other=float("nan"))
+    before = (vj > vi) | ((vj == vi) & (j < i))
+    rank = tl.sum(before.to(tl.int32), axis=0, keep_dims=True)
+    rank = tl.where(vi == vi, rank, N)  # NaN: no rank
+    slots = tl.arange(0, TOPK_P2)[:, None]
+    return tl.max(tl.where((rank == slots) & (slots < TOPK), i, -1), axis=1)

@@ -48,7 +48,7 @@ from m3bench.runtime.kernels.attention import paged_attention
 from m3bench.runtime.kernels.backend import KernelBackend
 from m3bench.runtime.kernels.kv_write import write_pages
 from m3bench.runtime.kernels.moe import MoeScales, MoeTiles, SharedExpert, fused_moe, gemv_tiles
-from m3bench.runtime.kernels.msa_index import msa_select_blocks, select_top_blocks
+from m3bench.runtime.kernels.msa_index import BlockScores, msa_select_blocks, select_top_blocks
 from m3bench.runtime.kernels.mxfp8 import mxfp8_linear
 from m3bench.runtime.kernels.norm_rope import Branch, BranchWrite, norm_rope_write, norm_rope_write_pair
 from m3bench.runtime.kernels.router import router_topk, router_topk_align
@@ -120,10 +120,13 @@ def record_all(q_lens):
         caches = {"bf16": x.to(torch.bfloat16), "fp8": kq.quantize_fp8(x),
                   "nvfp4": kq.Nvfp4Pages(*kq.quantize_nvfp4(x, 1.0), torch.ones(1))}
         sel = torch.zeros(4 * q_len, 1, 16, dtype=torch.int32)
+        # the top-k in the attention launch, over 8k / 128k-token score rows (by rank, by rounds)
+        scores = [BlockScores(torch.randn(4 * q_len, 1, w), 16, 128) for w in (65, 1025)]
         for cache in caches.values():
             paged_attention(q, cache, cache, bt, lens, qsl, 0.088, max_query_len=q_len, backend=T)
-            paged_attention(q, cache, cache, bt, lens, qsl, 0.088, selected_blocks=sel,
-                            max_query_len=q_len, backend=T)
+            for selected in (sel, *scores):
+                paged_attention(q, cache, cache, bt, lens, qsl, 0.088, selected_blocks=selected,
+                                max_query_len=q_len, backend=T)
         for cache in caches.values():
             write_pages(cache, q[:, :1], torch.arange(4 * q_len), backend=T)
         write_pages(x[:, 0].to(torch.bfloat16), q[:, 0], torch.arange(4 * q_len), backend=T)

@@ -56,7 +56,11 @@ def compare_fast_path(tmp_path, spec: TinySpec, lengths: list[int], device: str,
             "same_tokens": got_tok == ref_tok, "path": path, "prompts": prompts, "ref": (ref_lp, ref_tok)}
 
 
-def test_fast_path_matches_torch_on_cpu_tiny_geometry(tmp_path, triton_interpreter):
+@pytest.mark.parametrize("select_in_attention", [False, True])
+def test_fast_path_matches_torch_on_cpu_tiny_geometry(tmp_path, triton_interpreter, monkeypatch, select_in_attention):
+    from m3bench.runtime.attention import triton_backend
+
+    monkeypatch.setattr(triton_backend, "SELECT_IN_ATTENTION", select_in_attention)  # the top-k launch or none
     res = compare_fast_path(tmp_path, TINY, [45, 9], "cpu", new=3)  # 45 tokens: 3 blocks, 2 selected
     assert res["max_abs_logprob_err"] < 1e-4
     assert res["same_tokens"]
@@ -64,7 +68,11 @@ def test_fast_path_matches_torch_on_cpu_tiny_geometry(tmp_path, triton_interpret
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_fast_path_matches_fp32_torch_on_gpu_real_geometry(tmp_path):
+@pytest.mark.parametrize("select_in_attention", [False, True])
+def test_fast_path_matches_fp32_torch_on_gpu_real_geometry(tmp_path, monkeypatch, select_in_attention):
+    from m3bench.runtime.attention import triton_backend
+
+    monkeypatch.setattr(triton_backend, "SELECT_IN_ATTENTION", select_in_attention)
     res = compare_fast_path(tmp_path, REAL, [2600, 300], "cuda")
     # p99.9 over the 2898 prompt tokens: a rare fp32 near-tie may flip one discrete block / expert choice
     assert res["p999_abs_logprob_err"] < 2e-3 and res["max_abs_logprob_err"] < 0.5, res
