@@ -216,6 +216,9 @@ class OpsSet(Enum):
     #                                                   the index branch beside, the sum in the norm, the GEMVs
     SELECT = "skinny-pdl-side-whole-split-down2-select"  # down2 + the MSA top-k in the attention launch (TritonBackend.
     #                                                      select_in_attention, msa_index.BlockScores; off by default)
+    ROUTE = "skinny-pdl-side-whole-split-down2-route"  # down2 + one token routed in the experts' gate|up launch
+    #                                                    (SparseMoe.route_in_experts, router.KernelRoute; off by default)
+    SELECT_ROUTE = "skinny-pdl-side-whole-split-down2-select-route"  # both
 
     @classmethod
     def runtime(cls) -> "OpsSet":
@@ -231,14 +234,16 @@ class OpsSet(Enum):
 HEADS_SETS = frozenset({OpsSet.HEADS, OpsSet.HEADS_INDEX, OpsSet.DOWN2_HEADS_INDEX, OpsSet.EVERY})
 INDEX_SETS = frozenset({OpsSet.INDEX, OpsSet.HEADS_INDEX, OpsSet.DOWN2_HEADS_INDEX, OpsSet.EVERY})
 SUM_NORM_SETS = frozenset({OpsSet.SUM_NORM, OpsSet.EVERY})
-SELECT_SETS = frozenset({OpsSet.SELECT})
+SELECT_SETS = frozenset({OpsSet.SELECT, OpsSet.SELECT_ROUTE})
+ROUTE_SETS = frozenset({OpsSet.ROUTE, OpsSet.SELECT_ROUTE})
 # the expert formats (kernels.moe.ROUTED_GEMV_FMTS) whose routed experts run one token as GEMVs: MXFP8 in the runtime's
 # set and those built on it, as the runtime does; plain ones too in the GEMV sets; none in the sets before (as timed)
 GEMV_FMTS = {OpsSet.DOWN2: frozenset({1}), OpsSet.SUM_NORM: frozenset({1}), OpsSet.DOWN2_HEADS_INDEX: frozenset({1}),
-             OpsSet.GEMV: frozenset({0, 1}), OpsSet.EVERY: frozenset({0, 1}), OpsSet.SELECT: frozenset({1})}
+             OpsSet.GEMV: frozenset({0, 1}), OpsSet.EVERY: frozenset({0, 1}), OpsSet.SELECT: frozenset({1}),
+             OpsSet.ROUTE: frozenset({1}), OpsSet.SELECT_ROUTE: frozenset({1})}
 # the routed experts' K split at one token: the down GEMM's chunks (kernels.moe.ROUTED_SPLIT_DOWN) of each split set
 SPLIT_DOWN = {OpsSet.SPLIT: 1, OpsSet.DOWN2: 2, OpsSet.DOWN4: 4, OpsSet.SUM_NORM: 2, OpsSet.GEMV: 2,
-              OpsSet.DOWN2_HEADS_INDEX: 2, OpsSet.EVERY: 2, OpsSet.SELECT: 2}
+              OpsSet.DOWN2_HEADS_INDEX: 2, OpsSet.EVERY: 2, OpsSet.SELECT: 2, OpsSet.ROUTE: 2, OpsSet.SELECT_ROUTE: 2}
 
 
 def pdl_of(ops: OpsSet):
@@ -280,7 +285,7 @@ def pdl_mode(mode=None):
 def set_ops(model, ops: OpsSet) -> None:
     """Switch the model's fast path to the fused ops of `ops` (TritonBackend.fuse_ops / select_in_attention,
     SparseMoe's fuse_router / fuse_shared / fuse_align / fuse_router_input / shared_beside, Attention.fuse_branches /
-    fuse_qkv_heads / index_beside, GatedMLP.fuse_act, SparseMoe.sum_in_norm,
+    fuse_qkv_heads / index_beside, GatedMLP.fuse_act, SparseMoe.sum_in_norm / route_in_experts,
     the layers' skinny_rows) and the process to its PDL mode and routed-expert split (kernels.backend.PDL,
     kernels.moe.ROUTED_SPLIT_TOKENS, ROUTED_SPLIT_DOWN, ROUTED_GEMV_FMTS; pdl_mode() restores them)."""
     from m3bench.runtime.kernels import moe as moe_kernels
@@ -310,6 +315,7 @@ def set_ops(model, ops: OpsSet) -> None:
             layer.mlp.fuse_shared = layer.mlp.fuse_align = layer.mlp.fuse_router_input = fused
             layer.mlp.shared_beside = beside_of(ops)
             layer.mlp.sum_in_norm = ops in SUM_NORM_SETS
+            layer.mlp.route_in_experts = ops in ROUTE_SETS
             if layer.mlp.shared is not None:
                 layer.mlp.shared.fuse_act = ops.holds(OpsSet.SKINNY)
 

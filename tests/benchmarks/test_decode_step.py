@@ -251,7 +251,7 @@ def test_the_runtime_ops_set_is_what_the_runtime_does_by_default(fl, rt):
         for layer in model.layers:
             parts = (layer.attn, layer.mlp, getattr(layer.mlp, "shared", None))
             names = ("fuse_branches", "fuse_qkv_heads", "index_beside", "fuse_act", "fuse_router", "fuse_shared",
-                     "fuse_align", "fuse_router_input", "shared_beside", "sum_in_norm")
+                     "fuse_align", "fuse_router_input", "shared_beside", "sum_in_norm", "route_in_experts")
             flags += [getattr(p, n, None) for p in parts for n in names]
             flags += [m.skinny_rows for m in layer.modules() if hasattr(m, "skinny_rows")]
         return flags
@@ -264,10 +264,12 @@ def test_the_runtime_ops_set_is_what_the_runtime_does_by_default(fl, rt):
         built = switches(model)
         setup.set_ops(model, setup.OpsSet.runtime())
         assert switches(model) == built
-        for ops in (setup.OpsSet.SKINNY_PDL_SIDE_WHOLE, setup.OpsSet.SPLIT, setup.OpsSet.SELECT):
-            setup.set_ops(model, ops)  # routed experts unsplit, the down GEMM whole, the top-k in the attention
+        for ops in (setup.OpsSet.SKINNY_PDL_SIDE_WHOLE, setup.OpsSet.SPLIT, setup.OpsSet.SELECT, setup.OpsSet.ROUTE,
+                    setup.OpsSet.SELECT_ROUTE):  # routed experts unsplit, the down GEMM whole, the top-ks elsewhere
+            setup.set_ops(model, ops)
             assert switches(model) != built
-        assert model.backend.select_in_attention
+        moes = [layer.mlp for layer in model.layers if hasattr(layer.mlp, "route_in_experts")]
+        assert model.backend.select_in_attention and moes and all(m.route_in_experts for m in moes)
         setup.set_ops(model, setup.OpsSet.runtime())
         assert switches(model) == built
 

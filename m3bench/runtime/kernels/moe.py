@@ -21,6 +21,9 @@ kernels run (plain experts, or MoeTiles given; the tile-dequantizing ones refuse
 the sum's launch, so a caller can join a side stream (kernels/lanes.py) that made it while the experts ran.
 `defer_sum=True` returns those kernels' result before the sum's launch (kernels/moe_sum.MoeSum), for the residual add +
 norm after the MoE to sum in its own launch (kernels/add_norm.py).
+`route=KernelRoute(logits, bias, scale, first)` (one token, routed experts alone, on the first generation's split tiles):
+the gate|up launch routes the token itself from the router's logits and fills topk_weights, topk_ids and alignment
+(kernels.router.routing_outputs' buffers) for the launches after it, with no router launch before it.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ from m3bench.runtime.kernels.reference import MoeActivation
 
 if TYPE_CHECKING:
     from m3bench.runtime.kernels.moe_quant import QuantMoeTiles
+    from m3bench.runtime.kernels.router import KernelRoute
 
 ACT_CODE = {MoeActivation.SWIGLUOAI: 0, MoeActivation.SILU: 1}
 
@@ -266,9 +270,12 @@ def fused_moe(
     alignment: MoeAlignment | None = None,
     add: torch.Tensor | Callable[[], torch.Tensor] | None = None,
     defer_sum: bool = False,
+    route: KernelRoute | None = None,
 ) -> torch.Tensor | MoeSum:
     """sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t]) (+ shared(x[t])) (+ add[t]) -> [T, H]; with
     defer_sum (and no out) the first-generation kernels return their partials before the sum's launch (MoeSum)."""
+    if route is not None and not use_triton(backend, x):
+        raise ValueError("fused_moe: routing in the gate|up launch needs the Triton kernels")
     if not use_triton(backend, x):
         if scales is not None:
             w_gate, w_up, w_down = scales.dequantized(w_gate, w_up, w_down, x.dtype)
@@ -279,6 +286,8 @@ def fused_moe(
     if tiles is None and (scales is None or first_generation(scales, w_gate)):
         tiles = first_generation_tiles(*topk_ids.shape, w_gate.shape[0], w_gate.shape[1], x.shape[1],
                                        scales is not None, shared.inter if shared else 0, expert_format(scales, w_gate))
+    if route is not None and not (isinstance(tiles, MoeTiles) and not tiles.gemv):
+        raise ValueError("fused_moe: routing in the gate|up launch runs on the first-generation split tiles")
     if isinstance(tiles, MoeTiles) and tiles.gemv:
         return _gemv_moe(x, w_gate, w_up, w_down, topk_ids, topk_weights, activation, alpha, limit, out, tiles,
                          scales, shared, add, defer_sum)
@@ -293,6 +302,7 @@ def fused_moe(
                                scales, tiles)
     if tiles.split_down > 1 and shared is not None:
         raise ValueError("fused_moe: the down GEMM splits K for routed experts alone (no shared expert inside)")
+    _check_route(route, topk_ids, topk_weights, shared, alignment)
     n_tok, top_k = topk_ids.shape
     n_exp, n_shared = w_gate.shape[0], n_tok if shared is not None else 0
     ids = topk_ids.reshape(-1).contiguous()
@@ -302,7 +312,7 @@ def fused_moe(
         sorted_ids, block_expert, n_post = alignment.sorted_ids, alignment.block_expert, alignment.n_post
     inter = x.new_empty((sorted_ids.shape[0], w_gate.shape[1]), dtype=_inter_dtype(x, scales, activation, w_gate))
     _launch_gate_up(x, w_gate, w_up, inter, sorted_ids, block_expert, n_post, top_k, activation,
-                    alpha, limit, tiles, scales, shared)
+                    alpha, limit, tiles, scales, shared, None if route is None else (route, topk_weights, ids))
     weights = topk_weights.reshape(-1).contiguous()
     y = _launch_down(inter, w_down, n_tok * top_k + n_shared, sorted_ids, block_expert, n_post, weights, tiles,
                      scales, shared)
@@ -362,6 +372,18 @@ def fused_moe_reference(x, w_gate, w_up, w_down, topk_ids, topk_weights, activat
     return out.copy_(routed + shared.reference(x, activation, alpha, limit))
 
 
+def _check_route(route: KernelRoute | None, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                 shared: SharedExpert | None, alignment: MoeAlignment | None) -> None:
+    """Routing in the gate|up launch: one token, routed experts alone, the outputs given (routing_outputs)."""
+    if route is None:
+        return
+    route.check(topk_ids.shape[1])
+    if (topk_ids.shape[0] != 1 or shared is not None or alignment is None or not topk_ids.is_contiguous()
+            or not topk_weights.is_contiguous()):
+        raise ValueError("fused_moe: routing in the gate|up launch runs one token's routed experts alone, into "
+                         "routing_outputs' buffers (topk_weights, topk_ids, alignment)")
+
+
 def _check_shared(shared: SharedExpert | None, scales: MoeScales | None, w_gate: torch.Tensor, x: torch.Tensor):
     if shared is None:
         return
@@ -376,7 +398,8 @@ def _check_shared(shared: SharedExpert | None, scales: MoeScales | None, w_gate:
 
 
 def _launch_gate_up(x, wg, wu, inter, sorted_ids, block_expert, n_post, top_k, act, alpha, limit, tiles,
-                    scales=None, shared: SharedExpert | None = None):
+                    scales=None, shared: SharedExpert | None = None, routing: tuple | None = None):
+    """The gate|up launch; routing: (KernelRoute, weights out, local ids out) when it routes the token itself."""
     from m3bench.runtime.kernels.moe_triton import moe_gate_up_kernel
 
     check_weights(x, wg, wu)
@@ -402,14 +425,31 @@ def _launch_gate_up(x, wg, wu, inter, sorted_ids, block_expert, n_post, top_k, a
         sg, su, sge, sgn, sue, sun, gg, gu, gge, gue,
         n_routed, ws.w_gate, ws.w_up, ws.w_gate.stride(-2), ws.w_up.stride(-2), part,
         part.stride(0) if split > 1 else 0, part.stride(1) if split > 1 else 0,
-        block_stride(wg, 3, sb), block_stride(wu, 3, sb), split_counters(x.device),
+        block_stride(wg, 3, sb), block_stride(wu, 3, sb), split_counters(x.device), *_route_args(routing, n_post),
         H=hidden, I=n_inter, TOPK=top_k, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
         BLOCK_K=tiles.block_k, ACT=ACT_CODE[act], F32=x.dtype == torch.float32 or interpreting(),
         FMT=fmt, SHARED=shared is not None, E_R=wg.shape[0] if shared is not None else -1,
         I_S=i_shared, SPLIT=split,
-        SPLIT_R=tiles.split_k_routed if split > 1 else 1, SB=sb,
+        SPLIT_R=tiles.split_k_routed if split > 1 else 1, SB=sb, **_route_consts(routing, top_k, wg.shape[0]),
         num_warps=tiles.num_warps, num_stages=tiles.num_stages, **pdl_args(x),
     )
+
+
+def _route_args(routing: tuple | None, dummy: torch.Tensor) -> tuple:
+    """The gate|up kernel's routing arguments (logits, bias, scale, first, weights out, ids out); dummies without."""
+    if routing is None:
+        return dummy, dummy, 0.0, 0, dummy, dummy
+    route, w, ids = routing
+    return (route.logits, route.logits if route.bias is None else route.bias, float(route.scale), int(route.first), w,
+            ids)
+
+
+def _route_consts(routing: tuple | None, top_k: int, n_local: int) -> dict:
+    if routing is None:
+        return {"ROUTE": False, "E_ALL": 1, "KP": 1, "HAS_BIAS": False, "E_LOCAL": 1}
+    route = routing[0]
+    return {"ROUTE": True, "E_ALL": route.logits.shape[1], "KP": next_pow2(top_k), "HAS_BIAS": route.bias is not None,
+            "E_LOCAL": n_local}
 
 
 def gate_up_programs(n_inter: int, n_shared_inter: int, split: int, tiles: MoeTiles) -> int:

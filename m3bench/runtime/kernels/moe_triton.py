@@ -21,6 +21,7 @@ import triton.language as tl
 
 from m3bench.runtime.kernels.kv_tiles_triton import mma
 from m3bench.runtime.kernels.moe_quant_triton import pair_block, swiglu
+from m3bench.runtime.kernels.moe_route_triton import routed_block
 from m3bench.runtime.kernels.mx_tiles_triton import last_split
 from m3bench.runtime.kernels.mxfp8_triton import (
     act_block,
@@ -93,21 +94,33 @@ def moe_gate_up_kernel(
     x_ptr, wg_ptr, wu_ptr, inter_ptr, sorted_ptr, block_expert_ptr, n_post_ptr, n_pairs,
     alpha, limit, s_xt, s_ge, s_gn, s_ue, s_un, s_it, sg_ptr, su_ptr, s_sge, s_sgn, s_sue, s_sun,
     gg_ptr, gu_ptr, s_gge, s_gue, n_routed, wsg_ptr, wsu_ptr, s_wsg, s_wsu, part_ptr, s_pk, s_pp, s_gb, s_ub,
-    cnt_ptr, H: tl.constexpr, I: tl.constexpr, TOPK: tl.constexpr, BLOCK_M: tl.constexpr,
+    cnt_ptr, logit_ptr, rbias_ptr, r_scale, first, w_out_ptr, id_out_ptr,
+    H: tl.constexpr, I: tl.constexpr, TOPK: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACT: tl.constexpr, F32: tl.constexpr, FMT: tl.constexpr,
     SHARED: tl.constexpr, E_R: tl.constexpr, I_S: tl.constexpr, SPLIT: tl.constexpr, SPLIT_R: tl.constexpr,
-    SB: tl.constexpr, PDL: tl.constexpr,
+    SB: tl.constexpr, ROUTE: tl.constexpr, E_ALL: tl.constexpr, KP: tl.constexpr, HAS_BIAS: tl.constexpr,
+    E_LOCAL: tl.constexpr, PDL: tl.constexpr,
 ):
     """inter[slot, n] = act(x[tok] . wg[e, n], x[tok] . wu[e, n]) for the block's slots (SPLIT > 1:
     the fp32 partials of one K chunk into part[chunk, pair]; SPLIT chunks for the shared expert,
     SPLIT_R for a routed one, the grid's dim 1 spanning N tiles x chunks of the larger of the two; the tile's
     last chunk to finish sums them in chunk order, activates, and resets its counter cnt[block * N_T + tile]).
-    FMT 1 and 3 run SB-wide sub-dots (mxfp8_triton.mx_subdot)."""
+    FMT 1 and 3 run SB-wide sub-dots (mxfp8_triton.mx_subdot). ROUTE (one token, no shared expert): each program
+    routes the token from its router logits [1, E_ALL] (moe_route_triton.routed_block); the first program stores the
+    picks (w_out, id_out: local ids, `first` off) and the alignment the down GEMM reads."""
     pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
     pid_m = tl.program_id(0)
-    if pid_m * BLOCK_M >= tl.load(n_post_ptr):
-        return
-    e, slots, pair, row_ok = _block_rows(sorted_ptr, block_expert_ptr, n_pairs, pid_m, BLOCK_M)
+    if ROUTE:
+        e, slots, pair, row_ok = routed_block(logit_ptr, rbias_ptr, r_scale, first, w_out_ptr, id_out_ptr, sorted_ptr,
+                                              block_expert_ptr, n_post_ptr, pid_m,
+                                              (pid_m == 0) & (tl.program_id(1) == 0), E_ALL, TOPK, KP, HAS_BIAS,
+                                              E_LOCAL, BLOCK_M)
+        if e < 0:
+            return
+    else:
+        if pid_m * BLOCK_M >= tl.load(n_post_ptr):
+            return
+        e, slots, pair, row_ok = _block_rows(sorted_ptr, block_expert_ptr, n_pairs, pid_m, BLOCK_M)
     if SHARED:
         tok = tl.where(pair < n_routed, pair // TOPK, pair - n_routed).to(tl.int64)
         wg_base, s_gn_e, n_lim = _pick_expert(e, wg_ptr, s_ge, s_gn, wsg_ptr, s_wsg, I, I_S, E_R)

@@ -3,6 +3,8 @@ the fp32 router logits in one launch. The torch reference is `layers.moe.route`'
 
     w, ids = router_topk(logits, bias, top_k, scale)   # logits [T, E] fp32 -> [T, k] fp32, [T, k] int64
     w, local_ids, alignment = router_topk_align(logits, bias, top_k, scale, first, n_local, block_m, shared)
+    y = fused_moe(x, ..., *routing_outputs(1, top_k, n_local, block_m, False, dev),
+                  route=KernelRoute(logits, bias, scale, first))   # one token: the same, in the MoE's launch
 
 `router_topk_align` (T <= ALIGN_TOKENS) also lays the rank's picks out for the fused MoE (kernels.moe.
 moe_align's MoeAlignment, the shared expert's pairs included when `shared`) in the same launch.
@@ -11,6 +13,7 @@ moe_align's MoeAlignment, the shared expert's pairs included when `shared`) in t
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -68,13 +71,7 @@ def router_topk_align(logits: torch.Tensor, bias: torch.Tensor | None, top_k: in
         raise ValueError(f"router_topk_align needs contiguous fp32 logits of at most {ALIGN_TOKENS} tokens and a "
                          f"power-of-two expert count, got {tuple(logits.shape)} {logits.dtype}")
     n_tok, n_exp = logits.shape
-    dev = logits.device
-    w = torch.empty((n_tok, top_k), dtype=torch.float32, device=dev)
-    ids = torch.empty((n_tok, top_k), dtype=torch.int64, device=dev)
-    n_slots = align_slots(n_tok * top_k, n_local, block_m, n_tok if shared else 0)
-    out = MoeAlignment(torch.empty((n_slots,), dtype=torch.int32, device=dev),
-                       torch.empty((n_slots // block_m,), dtype=torch.int32, device=dev),
-                       torch.empty((1,), dtype=torch.int32, device=dev))
+    w, ids, out = routing_outputs(n_tok, top_k, n_local, block_m, shared, logits.device)
     router_align_kernel[(1,)](
         logits, logits if bias is None else bias, w, ids, n_tok, float(scale), logits.stride(0), int(first),
         out.sorted_ids, out.block_expert, out.n_post, E=n_exp, K=top_k, KP=next_pow2(top_k),
@@ -82,3 +79,33 @@ def router_topk_align(logits: torch.Tensor, bias: torch.Tensor | None, top_k: in
         SHARED=shared, num_warps=4, **pdl_args(logits),
     )
     return w, ids, out
+
+
+def routing_outputs(n_tok: int, top_k: int, n_local: int, block_m: int, shared: bool, device: torch.device
+                    ) -> tuple[torch.Tensor, torch.Tensor, MoeAlignment]:
+    """Empty (weights [T, k] fp32, local ids [T, k] int64, MoeAlignment) for a kernel that routes and aligns
+    (router_topk_align's, or the fused MoE's gate|up launch with a KernelRoute)."""
+    n_slots = align_slots(n_tok * top_k, n_local, block_m, n_tok if shared else 0)
+    return (torch.empty((n_tok, top_k), dtype=torch.float32, device=device),
+            torch.empty((n_tok, top_k), dtype=torch.int64, device=device),
+            MoeAlignment(torch.empty((n_slots,), dtype=torch.int32, device=device),
+                         torch.empty((n_slots // block_m,), dtype=torch.int32, device=device),
+                         torch.empty((1,), dtype=torch.int32, device=device)))
+
+
+@dataclass(frozen=True)
+class KernelRoute:
+    """One token's routing made inside the fused MoE's gate|up launch (kernels/moe_route_triton.py, as
+    router_topk_align computes it) from the router's fp32 logits [1, E]: no launch of its own. fused_moe(...,
+    route=KernelRoute(...)) takes routing_outputs' buffers as its topk_weights, topk_ids and alignment and fills them."""
+
+    logits: torch.Tensor
+    bias: torch.Tensor | None
+    scale: float
+    first: int  # the rank's first expert: ids are stored local (minus first)
+
+    def check(self, top_k: int) -> None:
+        if not (router_topk_supported(self.logits, top_k) and self.logits.shape[0] == 1
+                and self.logits.stride(-1) == 1):
+            raise ValueError(f"fused_moe: routing in the gate|up launch needs contiguous fp32 logits of one token and "
+                             f"a power-of-two expert count, got {tuple(self.logits.shape)} {self.logits.dtype}")

@@ -12,32 +12,9 @@ the shared expert's pairs): the routing and the MoE's first launch in one.
 import triton
 import triton.language as tl
 
+from m3bench.runtime.kernels.moe_route_triton import topk_rows
 from m3bench.runtime.kernels.moe_triton import align_pairs
 from m3bench.runtime.kernels.pdl_triton import pdl_wait
-
-
-@triton.jit
-def _topk_rows(logit_ptr, bias_ptr, rows, ok, scale, s_lt, E: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
-               BLOCK_T: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """(weights [BLOCK_T, KP] fp32, expert ids [BLOCK_T, KP] int32) of the rows' top-k picks (slots >= K: 0)."""
-    ex = tl.arange(0, E)
-    logits = tl.load(logit_ptr + rows[:, None].to(tl.int64) * s_lt + ex[None, :], mask=ok[:, None], other=0.0)
-    s = 1.0 / (1.0 + tl.exp(-logits))
-    choice = s
-    if HAS_BIAS:
-        choice = s + tl.load(bias_ptr + ex)[None, :]
-    slot = tl.arange(0, KP)
-    w_acc = tl.zeros([BLOCK_T, KP], tl.float32)
-    id_acc = tl.zeros([BLOCK_T, KP], tl.int32)
-    for j in tl.static_range(K):
-        best = tl.max(choice, axis=1)
-        pick = tl.min(tl.where(choice == best[:, None], ex[None, :], E), axis=1)
-        hit = ex[None, :] == pick[:, None]
-        w_j = tl.sum(tl.where(hit, s, 0.0), axis=1)
-        w_acc = tl.where(slot[None, :] == j, w_j[:, None], w_acc)
-        id_acc = tl.where(slot[None, :] == j, pick[:, None], id_acc)
-        choice = tl.where(hit, float("-inf"), choice)
-    return w_acc / tl.sum(w_acc, axis=1)[:, None] * scale, id_acc
 
 
 @triton.jit
@@ -49,7 +26,7 @@ def router_topk_kernel(
     pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     ok = rows < n_tok
-    w_acc, id_acc = _topk_rows(logit_ptr, bias_ptr, rows, ok, scale, s_lt, E, K, KP, BLOCK_T, HAS_BIAS)
+    w_acc, id_acc = topk_rows(logit_ptr, bias_ptr, rows, ok, scale, s_lt, E, K, KP, BLOCK_T, HAS_BIAS)
     slot = tl.arange(0, KP)
     out = rows[:, None].to(tl.int64) * K + slot[None, :]
     keep = ok[:, None] & (slot[None, :] < K)
@@ -70,7 +47,7 @@ def router_align_kernel(
     pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
     rows = tl.arange(0, BLOCK_T)
     ok = rows < n_tok
-    w_acc, id_acc = _topk_rows(logit_ptr, bias_ptr, rows, ok, scale, s_lt, E, K, KP, BLOCK_T, HAS_BIAS)
+    w_acc, id_acc = topk_rows(logit_ptr, bias_ptr, rows, ok, scale, s_lt, E, K, KP, BLOCK_T, HAS_BIAS)
     slot = tl.arange(0, KP)
     pair = rows[:, None] * K + slot[None, :]
     keep = ok[:, None] & (slot[None, :] < K)

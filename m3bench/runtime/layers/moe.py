@@ -48,7 +48,14 @@ from m3bench.runtime.kernels.moe import (
     fused_moe,
 )
 from m3bench.runtime.kernels.moe_sum import MoeSum
-from m3bench.runtime.kernels.router import router_align_supported, router_topk, router_topk_align, router_topk_supported
+from m3bench.runtime.kernels.router import (
+    KernelRoute,
+    router_align_supported,
+    router_topk,
+    router_topk_align,
+    router_topk_supported,
+    routing_outputs,
+)
 from m3bench.runtime.layers.activation import split_gate_up
 from m3bench.runtime.layers.linear import SKINNY_ROWS, WeightSlot, linear
 from m3bench.runtime.layers.mlp import GatedMLP
@@ -81,6 +88,10 @@ SHARED_BESIDE = SharedBeside.WHOLE
 # did not gain (2026-12-06, performance.md 2l: B1 realistic 2.882 / 2.879 ms, B4 5.125 / 5.108; MXFP8 60 layers B1
 # 8.329 / 8.377); an H200 has not run it.
 SUM_IN_NORM = False
+# One token whose routed experts run the first generation's split tiles (plain experts at B1, the shared expert
+# beside): the fused MoE's gate|up launch routes the token itself from the router's logits (kernels.router.
+# KernelRoute), the router's top-k + align launch left out. Off until timed on a GPU.
+ROUTE_IN_EXPERTS = False
 
 
 def route(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, top_k: int,
@@ -136,6 +147,7 @@ class SparseMoe(nn.Module):
         self.fuse_router_input = True  # the post-attention add + norm also writes the router's fp32 input (no cast)
         self.shared_beside = SHARED_BESIDE  # the shared expert (not fused) beside the router: SharedBeside
         self.sum_in_norm = SUM_IN_NORM  # one rank: the fused MoE's sum in the next add + norm's launch (forward's defer_sum)
+        self.route_in_experts = ROUTE_IN_EXPERTS  # one token: the router's top-k in the experts' gate|up launch
         self.skinny_rows = SKINNY_ROWS  # the router GEMM at up to this many rows: kernels.skinny (layers.linear)
         inter = m.intermediate_size  # routed experts are whole on their rank (expert parallelism)
         self.first_expert, local = self.ep.expert_range(m.num_experts)
@@ -205,18 +217,29 @@ class SparseMoe(nn.Module):
                     else self.shared.activated(x, self.kernel_backend) if beside is SharedBeside.GATE_UP else None)
         logits = linear(router_logits_input(x, self.router_weight, x_router), self.router_weight, None,
                         skinny_rows=self.skinny_rows)
-        w, ids, alignment = router_topk_align(logits, self.router_bias, self.m.top_k, self.m.routed_scaling_factor,
-                                              self.first_expert, self.w_down.shape[0], tiles.block_m, shared is not None)
+        w, ids, alignment, route = self.routing(logits, tiles, shared is not None)
         if beside is SharedBeside.WHOLE:
             def joined() -> torch.Tensor:  # right before the routed sum's launch
                 side.join(part)
                 return part
 
-            return self.fused_experts(x, w, ids, shared, alignment, tiles, add=joined, defer_sum=defer_sum)
+            return self.fused_experts(x, w, ids, shared, alignment, tiles, add=joined, defer_sum=defer_sum,
+                                      route=route)
         last = shared is not None or self.shared is None  # no shared expert's down GEMM after the sum
-        y = self.fused_experts(x, w, ids, shared, alignment, tiles, defer_sum=defer_sum and last)
+        y = self.fused_experts(x, w, ids, shared, alignment, tiles, defer_sum=defer_sum and last, route=route)
         side.join(part)
         return y if last else self.shared_added(x, y, part)
+
+    def routing(self, logits: torch.Tensor, tiles: MoeTiles, shared: bool) -> tuple:
+        """(weights, local ids, alignment, KernelRoute | None) for routed_and_aligned: made now by the router's kernel,
+        or (route_in_experts, one token on the first-generation tiles, no shared expert inside) buffers that the fused MoE's
+        gate|up launch fills from the KernelRoute."""
+        n_local, top_k = self.w_down.shape[0], self.m.top_k
+        if self.route_in_experts and logits.shape[0] == 1 and not shared and not tiles.gemv:
+            return (*routing_outputs(1, top_k, n_local, tiles.block_m, False, logits.device),
+                    KernelRoute(logits, self.router_bias, self.m.routed_scaling_factor, self.first_expert))
+        return (*router_topk_align(logits, self.router_bias, top_k, self.m.routed_scaling_factor, self.first_expert,
+                                   n_local, tiles.block_m, shared), None)
 
     def expert_tiles(self, x: torch.Tensor, shared: SharedExpert | None) -> MoeTiles:
         """The fused MoE's tiles for x [T, H]: what fused_moe picks for first-generation experts (the only ones the
@@ -253,14 +276,15 @@ class SparseMoe(nn.Module):
 
     def fused_experts(self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, shared: SharedExpert | None = None,
                       alignment: MoeAlignment | None = None, tiles: MoeTiles | None = None, add=None,
-                      defer_sum: bool = False) -> torch.Tensor | MoeSum:
+                      defer_sum: bool = False, route: KernelRoute | None = None) -> torch.Tensor | MoeSum:
         """The fused Triton MoE (fp32 accumulation inside; result in x's dtype), the shared expert in it when given,
-        + add (kernels.moe.fused_moe's) in its final sum (left unlaunched with defer_sum: MoeSum)."""
+        + add (kernels.moe.fused_moe's) in its final sum (left unlaunched with defer_sum: MoeSum); route: the token
+        routed in its gate|up launch (w, ids, alignment: the buffers it fills)."""
         inter = self.w_gate_up.shape[1] // 2
         return fused_moe(x.contiguous(), self.w_gate_up[:, :inter], self.w_gate_up[:, inter:], self.w_down,
                          ids, w, MoeActivation(self.act.value), self.alpha, self.limit,
                          backend=KernelBackend.TRITON, tiles=tiles, scales=self.expert_scales(), shared=shared,
-                         alignment=alignment, add=add, defer_sum=defer_sum)
+                         alignment=alignment, add=add, defer_sum=defer_sum, route=route)
 
     def expert_scales(self) -> MoeScales | None:
         """The experts' block scales as the fused MoE takes them (None: plain weights)."""

@@ -141,6 +141,12 @@ def record_all(q_lens):
         wd = torch.empty(16, 6144, 3072, dtype=torch.bfloat16)
         ids = torch.randint(0, 16, (n_tok, 4), dtype=torch.int32)
         fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T)
+        if n_tok == 1:  # the router's top-k in the gate|up launch
+            from m3bench.runtime.kernels.router import KernelRoute, routing_outputs
+
+            w, routed, al = routing_outputs(1, 4, 16, 16, False, xs.device)
+            fused_moe(xs, wg, wg, wd, routed, w, backend=T, alignment=al,
+                      route=KernelRoute(torch.randn(1, 128), torch.randn(128), 2.0, 16))
         fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T, add=xs)  # the shared expert beside
         record_split_down(xs, wg, wd, ids, T)
         if n_tok == 1:  # the one-token GEMVs (kernels/moe_gemv.py), plain
