@@ -9,30 +9,32 @@ the down GEMM and the sum launched after it.
 import triton
 import triton.language as tl
 
+from m3bench.runtime.kernels.topk_keys_triton import MAX_KEY, NO_KEY, key_index, ordered_key
+
 
 @triton.jit
 def topk_rows(logit_ptr, bias_ptr, rows, ok, scale, s_lt, E: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
               BLOCK_T: tl.constexpr, HAS_BIAS: tl.constexpr):
     """(weights [BLOCK_T, KP] fp32, expert ids [BLOCK_T, KP] int32) of the rows' top-k picks (slots >= K: 0): top-k by
-    sigmoid + bias with k rounds of arg-max (ties: the lowest expert id), the unbiased sigmoids renormalised to sum 1
-    times `scale`."""
+    sigmoid + bias (ties: the lowest expert id), the unbiased sigmoids renormalised to sum 1 times `scale`. Each round
+    is one max over packed (score, expert) keys (topk_keys_triton); the weights are gathered once after the rounds."""
     ex = tl.arange(0, E)
     logits = tl.load(logit_ptr + rows[:, None].to(tl.int64) * s_lt + ex[None, :], mask=ok[:, None], other=0.0)
     s = 1.0 / (1.0 + tl.exp(-logits))
     choice = s
     if HAS_BIAS:
         choice = s + tl.load(bias_ptr + ex)[None, :]
+    keys = ordered_key(choice, ex[None, :] + rows[:, None] * 0, choice == choice)
     slot = tl.arange(0, KP)
-    w_acc = tl.zeros([BLOCK_T, KP], tl.float32)
     id_acc = tl.zeros([BLOCK_T, KP], tl.int32)
+    prev = tl.full([BLOCK_T], MAX_KEY, tl.int64)
     for j in tl.static_range(K):
-        best = tl.max(choice, axis=1)
-        pick = tl.min(tl.where(choice == best[:, None], ex[None, :], E), axis=1)
-        hit = ex[None, :] == pick[:, None]
-        w_j = tl.sum(tl.where(hit, s, 0.0), axis=1)
-        w_acc = tl.where(slot[None, :] == j, w_j[:, None], w_acc)
-        id_acc = tl.where(slot[None, :] == j, pick[:, None], id_acc)
-        choice = tl.where(hit, float("-inf"), choice)
+        best = tl.max(tl.where(keys < prev[:, None], keys, NO_KEY), axis=1)
+        id_acc = tl.where(slot[None, :] == j, key_index(best)[:, None], id_acc)
+        prev = best
+    id_acc = tl.where(slot[None, :] < K, id_acc, 0)
+    hit = (ex[None, None, :] == id_acc[:, :, None]) & (slot < K)[None, :, None]
+    w_acc = tl.sum(tl.where(hit, s[:, None, :], 0.0), axis=2)
     return w_acc / tl.sum(w_acc, axis=1)[:, None] * scale, id_acc
 
 
