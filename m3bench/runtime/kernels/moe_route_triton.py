@@ -9,7 +9,12 @@ the down GEMM and the sum launched after it.
 import triton
 import triton.language as tl
 
-from m3bench.runtime.kernels.topk_keys_triton import MAX_KEY, NO_KEY, key_index, ordered_key
+from m3bench.runtime.kernels.topk_keys_triton import (
+    MAX_KEY,
+    NO_KEY,
+    key_index,
+    ordered_key,
+)
 
 
 @triton.jit

@@ -10,7 +10,11 @@ from launch_counts import recorded_launches
 from m3bench.runtime.kernels.backend import KernelBackend
 from m3bench.runtime.kernels.moe import MoeTiles, first_generation_tiles, fused_moe
 from m3bench.runtime.kernels.reference import fused_moe_ref
-from m3bench.runtime.kernels.router import KernelRoute, router_topk_align, routing_outputs
+from m3bench.runtime.kernels.router import (
+    KernelRoute,
+    router_topk_align,
+    routing_outputs,
+)
 
 pytestmark = pytest.mark.usefixtures("triton_interpreter")
 T = KernelBackend.TRITON
