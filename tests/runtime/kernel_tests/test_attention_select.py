@@ -6,26 +6,21 @@ import pytest
 import torch
 
 from m3bench.runtime.kernels import kv_quant as kq
-from m3bench.runtime.kernels import msa_index
 from m3bench.runtime.kernels.attention import paged_attention
 from m3bench.runtime.kernels.backend import KernelBackend
 from m3bench.runtime.kernels.msa_index import BlockScores, msa_block_scores
 from m3bench.runtime.kernels.reference import msa_select_blocks_ref, paged_attention_ref
 
 from .cases import make_case
-from .test_msa_topk_kernel import garbage_past_valid, scores_with_ties, valid_blocks
+from .test_msa_topk_kernel import (
+    garbage_past_valid,
+    path,  # noqa: F401 (the selection paths' fixture: rank, rounds, chunks)
+    scores_with_ties,
+    valid_blocks,
+)
 
 pytestmark = pytest.mark.usefixtures("triton_interpreter")
 T = KernelBackend.TRITON
-PATHS = {"rank": {}, "rounds": {"RANK_BLOCKS": 8}, "chunks": {"RANK_BLOCKS": 8, "MAX_TOPK_CHUNK": 16}}
-
-
-@pytest.fixture(params=list(PATHS))
-def path(request, monkeypatch):
-    for name, value in PATHS[request.param].items():
-        monkeypatch.setattr(msa_index, name, value)
-    return request.param
-
 
 def _attend(case, sel, max_q, segments):
     out = torch.full_like(case.q, float("nan"))
@@ -44,9 +39,10 @@ def _both(case, scores, topk, max_q, segments):
     return fused, plain
 
 
+@pytest.mark.usefixtures("path")
 @pytest.mark.parametrize("segments", [1, 3])
 @pytest.mark.parametrize("hi", [2, 1])
-def test_same_bits_as_the_topk_kernels_selection(path, segments, hi):
+def test_same_bits_as_the_topk_kernels_selection(segments, hi):
     # decode tokens and a 3-token chunk; 2 KV heads, each with its own index head or one broadcast; 15-44 blocks
     case = make_case(20, q_lens=[1, 3, 1], seq_lens=[16 * 15 + 3, 16 * 30, 700], hi=hi)
     scores = msa_block_scores(case.iq, case.ik_cache, case.block_tables, case.seq_lens, case.query_start_loc,
@@ -70,8 +66,9 @@ def test_matches_the_fp64_reference():
     assert torch.allclose(got[:n].double(), want[:n], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.usefixtures("path")
 @pytest.mark.parametrize("topk", [4, 16])
-def test_ties_nan_and_garbage_scores(path, topk):
+def test_ties_nan_and_garbage_scores(topk):
     # crafted scores (many ties, +-inf, NaN, -0.0, garbage past each row's valid blocks): the selection decides
     # which blocks are attended, so any pick that differs from the top-k kernel's changes the output
     q_lens, seq_lens = [1, 1, 2], [16 * 3 + 1, 16 * 40, 16 * 44]
@@ -96,25 +93,18 @@ def test_a_wrong_pick_shows(monkeypatch):
     assert torch.equal(fused[:1], plain[:1]) and not torch.equal(broken[:1], fused[:1])
 
 
-def test_the_backend_launches_no_topk_kernel(monkeypatch):
-    from m3bench.runtime.attention.triton_backend import TritonBackend
+def test_no_topk_launch(monkeypatch):
+    """Block scores go straight to the attention: the top-k kernel runs only where a selection is materialized."""
     from m3bench.runtime.kernels import msa_index_triton
 
     calls = []
     real = msa_index_triton.topk_kernel
-
-    class Counting:
-        def __getitem__(self, grid):
-            calls.append(grid)
-            return real[grid]
-
-    monkeypatch.setattr(msa_index_triton, "topk_kernel", Counting())
+    monkeypatch.setattr(msa_index_triton, "topk_kernel", type("Counted", (), {
+        "__getitem__": lambda self, grid: calls.append(grid) or real[grid]})())
     case = make_case(24, q_lens=[1, 1], seq_lens=[16 * 12, 16 * 7 + 2], hi=1)
     scores = msa_block_scores(case.iq, case.ik_cache, case.block_tables, case.seq_lens, case.query_start_loc,
                               max_query_len=1)
-    bs = TritonBackend(T, select_in_attention=True)
-    assert isinstance(bs, TritonBackend) and not calls
     fused = _attend(case, BlockScores(scores, 4, 16).expand(2), 1, 2)
-    assert not calls
-    _both(case, scores, 4, 1, 2)
-    assert calls and torch.isfinite(fused[:2]).all()
+    assert not calls and torch.isfinite(fused[:2]).all()
+    _, plain = _both(case, scores, 4, 1, 2)
+    assert calls and torch.equal(fused[:2], plain[:2])
