@@ -3,8 +3,9 @@ the fp32 router logits in one launch. The torch reference is `layers.moe.route`'
 
     w, ids = router_topk(logits, bias, top_k, scale)   # logits [T, E] fp32 -> [T, k] fp32, [T, k] int64
     w, local_ids, alignment = router_topk_align(logits, bias, top_k, scale, first, n_local, block_m, shared)
-    y = fused_moe(x, ..., *routing_outputs(1, top_k, n_local, block_m, False, dev),
-                  route=KernelRoute(logits, bias, scale, first))   # one token: the same, in the MoE's launch
+    w, local_ids, alignment = routing_outputs(1, top_k, n_local, block_m, False, dev)   # one token: empty, then
+    y = fused_moe(x, ..., local_ids, w, alignment=alignment, route=KernelRoute(logits, bias, scale, first))
+                                                      # filled by the MoE's gate|up launch, which routes the token
 
 `router_topk_align` (T <= ALIGN_TOKENS) also lays the rank's picks out for the fused MoE (kernels.moe.
 moe_align's MoeAlignment, the shared expert's pairs included when `shared`) in the same launch.
