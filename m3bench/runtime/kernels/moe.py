@@ -286,8 +286,7 @@ def fused_moe(
     if tiles is None and (scales is None or first_generation(scales, w_gate)):
         tiles = first_generation_tiles(*topk_ids.shape, w_gate.shape[0], w_gate.shape[1], x.shape[1],
                                        scales is not None, shared.inter if shared else 0, expert_format(scales, w_gate))
-    if route is not None and not (isinstance(tiles, MoeTiles) and not tiles.gemv):
-        raise ValueError("fused_moe: routing in the gate|up launch runs on the first-generation split tiles")
+    _check_route(route, tiles, topk_ids, topk_weights, shared, alignment)
     if isinstance(tiles, MoeTiles) and tiles.gemv:
         return _gemv_moe(x, w_gate, w_up, w_down, topk_ids, topk_weights, activation, alpha, limit, out, tiles,
                          scales, shared, add, defer_sum)
@@ -302,7 +301,6 @@ def fused_moe(
                                scales, tiles)
     if tiles.split_down > 1 and shared is not None:
         raise ValueError("fused_moe: the down GEMM splits K for routed experts alone (no shared expert inside)")
-    _check_route(route, topk_ids, topk_weights, shared, alignment)
     n_tok, top_k = topk_ids.shape
     n_exp, n_shared = w_gate.shape[0], n_tok if shared is not None else 0
     ids = topk_ids.reshape(-1).contiguous()
@@ -372,11 +370,14 @@ def fused_moe_reference(x, w_gate, w_up, w_down, topk_ids, topk_weights, activat
     return out.copy_(routed + shared.reference(x, activation, alpha, limit))
 
 
-def _check_route(route: KernelRoute | None, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+def _check_route(route: KernelRoute | None, tiles, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                  shared: SharedExpert | None, alignment: MoeAlignment | None) -> None:
-    """Routing in the gate|up launch: one token, routed experts alone, the outputs given (routing_outputs)."""
+    """Routing in the gate|up launch: the first generation's tiles (not its GEMVs), one token, routed experts alone,
+    the outputs given (routing_outputs)."""
     if route is None:
         return
+    if not (isinstance(tiles, MoeTiles) and not tiles.gemv):
+        raise ValueError("fused_moe: routing in the gate|up launch runs on the first-generation split tiles")
     route.check(topk_ids.shape[1])
     if (topk_ids.shape[0] != 1 or shared is not None or alignment is None or not topk_ids.is_contiguous()
             or not topk_weights.is_contiguous()):

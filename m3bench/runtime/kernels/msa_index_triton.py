@@ -143,15 +143,24 @@ def _select_by_rank(row, out_row, n_valid, TOPK: tl.constexpr, N: tl.constexpr):
     rank nowhere and are not picked; the TOPK slots are set to -1 first, for rows with fewer picks.
     The compare tile is [j, i] so that its reduction runs over j, the axis each thread holds whole
     (the j scores reach every thread through one shared-memory broadcast): no shuffles."""
-    j = tl.arange(0, N)[:, None]
     i = tl.arange(0, N)[None, :]
     tl.store(out_row + i, -1, mask=i < TOPK)
+    vi, rank = _block_ranks(row, n_valid, N)
+    tl.debug_barrier()  # the -1 stores land before the picks that overwrite some of them
+    tl.store(out_row + rank, i, mask=(vi == vi) & (rank < TOPK))
+
+
+@triton.jit
+def _block_ranks(row, n_valid, N: tl.constexpr):
+    """(scores [1, N], ranks [1, N]) of a row's first N blocks: block i's rank is the number of blocks j ordered before
+    it (a higher score, or the same score and a lower id), from one [j, i] compare tile reduced over j; blocks
+    >= n_valid load as NaN."""
+    j = tl.arange(0, N)[:, None]
+    i = tl.arange(0, N)[None, :]
     vj = tl.load(row + j, mask=j < n_valid, other=float("nan"))
     vi = tl.load(row + i, mask=i < n_valid, other=float("nan"))
     before = (vj > vi) | ((vj == vi) & (j < i))
-    rank = tl.sum(before.to(tl.int32), axis=0, keep_dims=True)
-    tl.debug_barrier()  # the -1 stores land before the picks that overwrite some of them
-    tl.store(out_row + rank, i, mask=(vi == vi) & (rank < TOPK))
+    return vi, tl.sum(before.to(tl.int32), axis=0, keep_dims=True)
 
 
 @triton.jit
@@ -213,12 +222,7 @@ def row_top_ids(row, n_valid, TOPK: tl.constexpr, TOPK_P2: tl.constexpr, RANK_N:
 def _ids_by_rank(row, n_valid, TOPK: tl.constexpr, TOPK_P2: tl.constexpr, N: tl.constexpr):
     """_select_by_rank's picks held in registers: slot s takes the block of rank s ([TOPK_P2, N] tile), -1 where no
     block has that rank."""
-    j = tl.arange(0, N)[:, None]
-    i = tl.arange(0, N)[None, :]
-    vj = tl.load(row + j, mask=j < n_valid, other=float("nan"))
-    vi = tl.load(row + i, mask=i < n_valid, other=float("nan"))
-    before = (vj > vi) | ((vj == vi) & (j < i))
-    rank = tl.sum(before.to(tl.int32), axis=0, keep_dims=True)
+    vi, rank = _block_ranks(row, n_valid, N)
     rank = tl.where(vi == vi, rank, N)  # NaN: no rank
     slots = tl.arange(0, TOPK_P2)[:, None]
-    return tl.max(tl.where((rank == slots) & (slots < TOPK), i, -1), axis=1)
+    return tl.max(tl.where((rank == slots) & (slots < TOPK), tl.arange(0, N)[None, :], -1), axis=1)
