@@ -21,10 +21,9 @@ kernels run (plain experts, or MoeTiles given; the tile-dequantizing ones refuse
 the sum's launch, so a caller can join a side stream (kernels/lanes.py) that made it while the experts ran.
 `defer_sum=True` returns those kernels' result before the sum's launch (kernels/moe_sum.MoeSum), for the residual add +
 norm after the MoE to sum in its own launch (kernels/add_norm.py).
-`route=KernelRoute(logits, bias, scale, first)` (one token, routed experts alone, on the first generation's split tiles
-or its GEMVs): the gate|up launch routes the token itself from the router's logits and fills topk_weights, topk_ids
-and (split tiles) alignment (kernels.router.routing_outputs' buffers) for the launches after it, with no router launch
-before it.
+`route=KernelRoute(logits, bias, scale, first)` (one token, routed experts alone, on the first generation's split tiles):
+the gate|up launch routes the token itself from the router's logits and fills topk_weights, topk_ids and alignment
+(kernels.router.routing_outputs' buffers) for the launches after it, with no router launch before it.
 """
 
 from __future__ import annotations
@@ -52,14 +51,7 @@ from m3bench.runtime.kernels.moe_align import (  # noqa: F401 (the fused MoE's p
     moe_align,
     moe_align_torch,
 )
-from m3bench.runtime.kernels.moe_args import (
-    check_weights,
-    down_chunks,
-    global_args,
-    route_args,
-    route_consts,
-    scale_args,
-)
+from m3bench.runtime.kernels.moe_args import check_weights, down_chunks, global_args, scale_args
 from m3bench.runtime.kernels.moe_scales import MoeScales
 from m3bench.runtime.kernels.moe_sum import MoeSum
 from m3bench.runtime.kernels.mx_linear import block_stride, check_counters, split_counters
@@ -297,7 +289,7 @@ def fused_moe(
     _check_route(route, tiles, topk_ids, topk_weights, shared, alignment)
     if isinstance(tiles, MoeTiles) and tiles.gemv:
         return _gemv_moe(x, w_gate, w_up, w_down, topk_ids, topk_weights, activation, alpha, limit, out, tiles,
-                         scales, shared, add, defer_sum, route)
+                         scales, shared, add, defer_sum)
     if isinstance(tiles, MoeTiles) and expert_format(scales, w_gate) == 3 and tiles.block_k > NV_CODES_BLOCK_K:
         tiles = replace(tiles, block_k=NV_CODES_BLOCK_K)
     if scales is not None and not isinstance(tiles, MoeTiles):  # quantized: the tile-dequantizing kernels
@@ -326,14 +318,14 @@ def fused_moe(
 
 
 def _gemv_moe(x, w_gate, w_up, w_down, topk_ids, topk_weights, activation, alpha, limit, out, tiles, scales, shared,
-              add, defer_sum, route) -> torch.Tensor | MoeSum:
+              add, defer_sum) -> torch.Tensor | MoeSum:
     """fused_moe on the one-token GEMVs (kernels/moe_gemv.py): the down GEMM's planes summed as the first generation's."""
     from m3bench.runtime.kernels.moe_gemv import moe_gemv
 
     if shared is not None:
         raise ValueError("fused_moe: the one-token GEMVs run routed experts alone (no shared expert inside)")
     ids, weights = topk_ids.reshape(-1).contiguous(), topk_weights.reshape(-1).contiguous()
-    y = moe_gemv(x, w_gate, w_up, w_down, ids, weights, activation, alpha, limit, tiles, scales, route)
+    y = moe_gemv(x, w_gate, w_up, w_down, ids, weights, activation, alpha, limit, tiles, scales)
     return MoeSum(y, ids, w_gate.shape[0], topk_ids.shape[1], False, add, x.dtype).ended(defer_sum, out)
 
 
@@ -380,15 +372,15 @@ def fused_moe_reference(x, w_gate, w_up, w_down, topk_ids, topk_weights, activat
 
 def _check_route(route: KernelRoute | None, tiles, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                  shared: SharedExpert | None, alignment: MoeAlignment | None) -> None:
-    """Routing in the gate|up launch: the first generation's tiles or its GEMVs, one token, routed experts alone,
-    the outputs given (routing_outputs; the alignment buffers for the split tiles, the GEMVs need none)."""
+    """Routing in the gate|up launch: the first generation's tiles (not its GEMVs), one token, routed experts alone,
+    the outputs given (routing_outputs)."""
     if route is None:
         return
-    if not isinstance(tiles, MoeTiles):
-        raise ValueError("fused_moe: routing in the gate|up launch runs on the first-generation split tiles or GEMVs")
+    if not (isinstance(tiles, MoeTiles) and not tiles.gemv):
+        raise ValueError("fused_moe: routing in the gate|up launch runs on the first-generation split tiles")
     route.check(topk_ids.shape[1])
-    if (topk_ids.shape[0] != 1 or shared is not None or (alignment is None and not tiles.gemv)
-            or not topk_ids.is_contiguous() or not topk_weights.is_contiguous()):
+    if (topk_ids.shape[0] != 1 or shared is not None or alignment is None or not topk_ids.is_contiguous()
+            or not topk_weights.is_contiguous()):
         raise ValueError("fused_moe: routing in the gate|up launch runs one token's routed experts alone, into "
                          "routing_outputs' buffers (topk_weights, topk_ids, alignment)")
 
@@ -446,12 +438,19 @@ def _launch_gate_up(x, wg, wu, inter, sorted_ids, block_expert, n_post, top_k, a
 
 def _route_args(routing: tuple | None, dummy: torch.Tensor) -> tuple:
     """The gate|up kernel's routing arguments (logits, bias, scale, first, weights out, ids out); dummies without."""
-    route, w, ids = routing or (None, None, dummy)
-    return (*route_args(route, w, dummy), ids)
+    if routing is None:
+        return dummy, dummy, 0.0, 0, dummy, dummy
+    route, w, ids = routing
+    return (route.logits, route.logits if route.bias is None else route.bias, float(route.scale), int(route.first), w,
+            ids)
 
 
 def _route_consts(routing: tuple | None, top_k: int, n_local: int) -> dict:
-    return {**route_consts(routing and routing[0], top_k), "E_LOCAL": n_local if routing else 1}
+    if routing is None:
+        return {"ROUTE": False, "E_ALL": 1, "KP": 1, "HAS_BIAS": False, "E_LOCAL": 1}
+    route = routing[0]
+    return {"ROUTE": True, "E_ALL": route.logits.shape[1], "KP": next_pow2(top_k), "HAS_BIAS": route.bias is not None,
+            "E_LOCAL": n_local}
 
 
 def gate_up_programs(n_inter: int, n_shared_inter: int, split: int, tiles: MoeTiles) -> int:

@@ -7,8 +7,6 @@ import math
 
 import torch
 
-from m3bench.runtime.kernels.backend import next_pow2
-
 
 def check_weights(*ws: torch.Tensor) -> None:
     for w in ws:
@@ -41,19 +39,3 @@ def down_chunks(n_inter: int, split_down: int, block_k: int) -> tuple[int, int]:
         return 1, 0
     k_chunk = math.ceil(n_inter / split_down / block_k) * block_k
     return math.ceil(n_inter / k_chunk), k_chunk
-
-
-def route_args(route, w_out: torch.Tensor | None, dummy: torch.Tensor) -> tuple:
-    """A routing gate|up kernel's (logits, bias, scale, first, weights out) for a kernels.router.KernelRoute (bias:
-    the logits as a dummy without one); dummies without a route."""
-    if route is None:
-        return dummy, dummy, 0.0, 0, dummy
-    return (route.logits, route.logits if route.bias is None else route.bias, float(route.scale), int(route.first),
-            w_out)
-
-
-def route_consts(route, top_k: int) -> dict:
-    """The same kernel's constants: ROUTE, the router's expert count E_ALL, the top-k's power-of-two KP, HAS_BIAS."""
-    if route is None:
-        return {"ROUTE": False, "E_ALL": 1, "KP": 1, "HAS_BIAS": False}
-    return {"ROUTE": True, "E_ALL": route.logits.shape[1], "KP": next_pow2(top_k), "HAS_BIAS": route.bias is not None}

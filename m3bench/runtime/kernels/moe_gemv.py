@@ -2,7 +2,6 @@
 no alignment launch, the down GEMM's K chunks left as fp32 planes for the sum (kernels/moe_sum.MoeSum).
 
     y = moe_gemv(x [1, H], w_gate, w_up, w_down, ids [TOPK], weights [TOPK], activation, alpha, limit, tiles, scales)
-    y = moe_gemv(..., route=KernelRoute(logits, bias, scale, first))  # ids, weights: filled by the gate|up launch
 
 At one token the first-generation kernels run BLOCK_M 16 rows for one (15 padding) and 32-wide sub-dots, whose
 MXFP8 down GEMM took 21.5 us at one local pick and at two alike (H100, 2026-12-06: 30% of its bytes' floor, a
@@ -17,7 +16,7 @@ import math
 import torch
 
 from m3bench.runtime.kernels.backend import pdl_args
-from m3bench.runtime.kernels.moe_args import check_weights, down_chunks, route_args, route_consts, scale_args
+from m3bench.runtime.kernels.moe_args import check_weights, down_chunks, scale_args
 from m3bench.runtime.kernels.moe_quant import ACT_CODES
 from m3bench.runtime.kernels.moe_scales import MoeScales
 from m3bench.runtime.kernels.mx_linear import GEMV_BLOCK_K, SMS, block_k_for, block_stride, check_counters
@@ -49,16 +48,15 @@ def check_gemv(x: torch.Tensor, w_gate: torch.Tensor, scales: MoeScales | None) 
 
 
 def moe_gemv(x, w_gate, w_up, w_down, ids, weights, activation: MoeActivation, alpha: float, limit: float, tiles,
-             scales: MoeScales | None, route=None) -> torch.Tensor:
-    """The down GEMM's fp32 planes [chunks, TOPK, H] of the token's picks (rows of other ranks' picks unwritten);
-    route (kernels.router.KernelRoute): the gate|up launch routes the token and fills ids and weights."""
+             scales: MoeScales | None) -> torch.Tensor:
+    """The down GEMM's fp32 planes [chunks, TOPK, H] of the token's picks (rows of other ranks' picks unwritten)."""
     check_gemv(x, w_gate, scales)
     check_weights(w_gate, w_up, w_down)
-    inter = _gate_up(x, w_gate, w_up, ids, activation, alpha, limit, tiles, scales, route, weights)
+    inter = _gate_up(x, w_gate, w_up, ids, activation, alpha, limit, tiles, scales)
     return _down(inter, w_down, ids, weights, tiles, scales, x.shape[1])
 
 
-def _gate_up(x, wg, wu, ids, activation, alpha, limit, tiles, scales, route, w_out) -> torch.Tensor:
+def _gate_up(x, wg, wu, ids, activation, alpha, limit, tiles, scales) -> torch.Tensor:
     from m3bench.runtime.kernels.moe_gemv_triton import moe_gemv_gate_up_kernel
 
     top_k, n_exp, n_inter, hidden = ids.numel(), wg.shape[0], wg.shape[1], x.shape[1]
@@ -73,10 +71,10 @@ def _gate_up(x, wg, wu, ids, activation, alpha, limit, tiles, scales, route, w_o
     moe_gemv_gate_up_kernel[(n_tiles, split)](
         x, wg, wu, sg, su, ids, inter, part, split_counters(x.device), alpha, limit,
         wg.stride(0), wg.stride(1), block_stride(wg, 3), wu.stride(0), wu.stride(1), block_stride(wu, 3),
-        sge, sgn, sue, sun, inter.stride(0), *route_args(route, w_out, x),
+        sge, sgn, sue, sun, inter.stride(0),
         E=n_exp, H=hidden, I=n_inter, TOPK=top_k, BLOCK_N=tiles.block_n, BLOCK_K=bk, SPLIT=split,
         ACT=ACT_CODES[activation], SCALED=scales is not None,
-        EVEN=n_inter % tiles.block_n == 0 and hidden % bk == 0, **route_consts(route, top_k),
+        EVEN=n_inter % tiles.block_n == 0 and hidden % bk == 0,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages, **pdl_args(x),
     )
     return inter

@@ -4,8 +4,7 @@ arithmetic (kernels/mx_tiles_triton.py): fp32 products summed within each 32-blo
 (SCALED: MXFP8; plain weights without), the cross-thread sum over the blocks once after the K loop.
 
     moe_gemv_gate_up_kernel  inter[k, n] = act(x . wg[e, n], x . wu[e, n]) (fp32), K split over program_id(1): the
-                             tile's last split to finish sums the partials in split order and activates; ROUTE: the
-                             picks routed in each program from the router's logits, stored by the first
+                             tile's last split to finish sums the partials in split order and activates
     moe_gemv_down_kernel     y[c, k, n] = weight[k] * inter[k, chunk c] . wd[e, n, chunk c] (fp32 planes a K chunk,
                              summed with the picks by moe_triton.moe_sum_kernel or the add + norm after)
 """
@@ -14,7 +13,6 @@ import triton
 import triton.language as tl
 
 from m3bench.runtime.kernels.moe_quant_triton import swiglu
-from m3bench.runtime.kernels.moe_route_triton import routed_picks
 from m3bench.runtime.kernels.mx_tiles_triton import (
     MX_BLOCK,
     gemv_scales,
@@ -26,34 +24,14 @@ from m3bench.runtime.kernels.pdl_triton import pdl_wait
 
 
 @triton.jit
-def tile_rows(N: tl.constexpr, BLOCK_N: tl.constexpr):
-    """(pick k, the tile's rows n, n < N) of program_id(0): the picks' N-row outputs in BLOCK_N tiles, pick after
-    pick."""
-    n_tiles: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
-    n = tl.program_id(0) % n_tiles * BLOCK_N + tl.arange(0, BLOCK_N)
-    return tl.program_id(0) // n_tiles, n, n < N
-
-
-@triton.jit
 def pick_tile(ids_ptr, E, N: tl.constexpr, BLOCK_N: tl.constexpr):
-    """(pick k, its expert id as int64, whether that expert is this rank's, the tile's rows n, n < N) of program_id(0)
-    (tile_rows), the id read from ids."""
-    k, n, n_ok = tile_rows(N, BLOCK_N)
+    """(pick k, its expert id as int64, whether that expert is this rank's, the tile's rows n, n < N) of program_id(0):
+    the picks' N-row outputs in BLOCK_N tiles, pick after pick."""
+    n_tiles: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
+    k = tl.program_id(0) // n_tiles
     e = tl.load(ids_ptr + k).to(tl.int64)
-    return k, e, (e >= 0) & (e < E), n, n_ok
-
-
-@triton.jit
-def routed_tile(logit_ptr, bias_ptr, scale, first, w_out_ptr, id_out_ptr, E, N: tl.constexpr, BLOCK_N: tl.constexpr,
-                E_ALL: tl.constexpr, TOPK: tl.constexpr, KP: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """pick_tile's tuple with the id routed here from the token's router logits [1, E_ALL] (moe_route_triton.
-    routed_picks); the first program stores the picks (weights, local ids) for the down GEMV and the sum."""
-    k, n, n_ok = tile_rows(N, BLOCK_N)
-    writer = (tl.program_id(0) == 0) & (tl.program_id(1) == 0)
-    slot, local = routed_picks(logit_ptr, bias_ptr, scale, first, w_out_ptr, id_out_ptr, writer, E_ALL, TOPK, KP,
-                               HAS_BIAS)
-    e = tl.sum(tl.where(slot == k, local, 0), axis=0).to(tl.int64)
-    return k, e, (e >= 0) & (e < E), n, n_ok
+    n = tl.program_id(0) % n_tiles * BLOCK_N + tl.arange(0, BLOCK_N)
+    return k, e, (e >= 0) & (e < E), n, n < N
 
 
 @triton.jit
@@ -78,20 +56,14 @@ def input_blocks(x_row, k0, K: tl.constexpr, G: tl.constexpr):
 def moe_gemv_gate_up_kernel(
     x_ptr, wg_ptr, wu_ptr, sg_ptr, su_ptr, ids_ptr, inter_ptr, part_ptr, cnt_ptr, alpha, limit,
     s_ge, s_gn, s_gb, s_ue, s_un, s_ub, s_sge, s_sgn, s_sue, s_sun, s_ik,
-    logit_ptr, rbias_ptr, r_scale, first, w_out_ptr,
     E: tl.constexpr, H: tl.constexpr, I: tl.constexpr, TOPK: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, ACT: tl.constexpr, SCALED: tl.constexpr, EVEN: tl.constexpr,
-    ROUTE: tl.constexpr, E_ALL: tl.constexpr, KP: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """inter[k, n-tile] (fp32) of the token's pick k = program_id(0) // tiles; grid (TOPK x I / BLOCK_N, SPLIT),
-    program_id(1) the K piece (H / SPLIT inputs); partials part[piece, k, gate|up, I]. ROUTE: each program routes the
-    token from its router logits [1, E_ALL] (routed_tile) and the first stores the picks into w_out and ids (local)."""
+    program_id(1) the K piece (H / SPLIT inputs); partials part[piece, k, gate|up, I]."""
     pdl_wait(PDL)  # first: nothing global before it (pdl_triton)
-    if ROUTE:
-        k, e, mine, n, n_ok = routed_tile(logit_ptr, rbias_ptr, r_scale, first, w_out_ptr, ids_ptr, E, I, BLOCK_N,
-                                          E_ALL, TOPK, KP, HAS_BIAS)
-    else:
-        k, e, mine, n, n_ok = pick_tile(ids_ptr, E, I, BLOCK_N)
+    k, e, mine, n, n_ok = pick_tile(ids_ptr, E, I, BLOCK_N)
     if not mine:
         return
     G: tl.constexpr = BLOCK_K // MX_BLOCK

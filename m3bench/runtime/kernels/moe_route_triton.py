@@ -1,10 +1,9 @@
 """The router's top-k (router_triton's) and the fused MoE's alignment for one token, made by each program of the MoE's
-gate|up launch from the router's logits (moe_triton.moe_gate_up_kernel's ROUTE, the picks and their alignment;
-moe_gemv_triton.moe_gemv_gate_up_kernel's, the picks alone): the router's own launch left out.
+gate|up launch from the router's logits (moe_triton.moe_gate_up_kernel's ROUTE): the router's own launch left out.
 
-Every program computes the same picks; the first one also stores them (weights, local ids) and, for the first
-generation's tiles, the alignment (moe_triton.align_pairs' layout: the local picks by expert id, one BLOCK_M block
-each, padded with the marker TOPK), for the down GEMM and the sum launched after it.
+Every program computes the same picks; the first one also stores them (weights, local ids) and the alignment
+(moe_triton.align_pairs' layout: the local picks by expert id, one BLOCK_M block each, padded with the marker TOPK), for
+the down GEMM and the sum launched after it.
 """
 
 import triton
@@ -45,34 +44,24 @@ def topk_rows(logit_ptr, bias_ptr, rows, ok, scale, s_lt, E: tl.constexpr, K: tl
 
 
 @triton.jit
-def routed_picks(logit_ptr, bias_ptr, scale, first, w_out_ptr, id_out_ptr, writer, E: tl.constexpr,
-                 TOPK: tl.constexpr, KP: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """(slots [KP], local expert ids [KP] int32: minus `first`) of one token's top-k picks routed by its logits [1, E];
-    `writer`: this program stores them (w_out [TOPK] fp32 weights, id_out [TOPK] int64 local ids)."""
-    one = tl.arange(0, 1)
-    w2, id2 = topk_rows(logit_ptr, bias_ptr, one, one == 0, scale, 0, E, TOPK, KP, 1, HAS_BIAS)
-    slot = tl.arange(0, KP)
-    local = tl.sum(id2, axis=0) - first
-    if writer:
-        tl.store(w_out_ptr + slot, tl.sum(w2, axis=0), mask=slot < TOPK)
-        tl.store(id_out_ptr + slot, local.to(tl.int64), mask=slot < TOPK)
-    return slot, local
-
-
-@triton.jit
 def routed_block(logit_ptr, bias_ptr, scale, first, w_out_ptr, id_out_ptr, sorted_ptr, block_expert_ptr, n_post_ptr,
                  pid_m, writer, E: tl.constexpr, TOPK: tl.constexpr, KP: tl.constexpr, HAS_BIAS: tl.constexpr,
                  E_LOCAL: tl.constexpr, BLOCK_M: tl.constexpr):
     """(local expert, slots, pair ids, live-row mask) of M-block pid_m for one token routed by its logits [1, E] (the
     expert -1 where the token has fewer local picks than pid_m + 1); `writer`: this program stores the picks
     (w_out [TOPK] fp32, id_out [TOPK] int64 local ids) and the alignment (sorted, block_expert, n_post)."""
-    slot, local = routed_picks(logit_ptr, bias_ptr, scale, first, w_out_ptr, id_out_ptr, writer, E, TOPK, KP,
-                               HAS_BIAS)
+    one = tl.arange(0, 1)
+    w2, id2 = topk_rows(logit_ptr, bias_ptr, one, one == 0, scale, 0, E, TOPK, KP, 1, HAS_BIAS)
+    slot = tl.arange(0, KP)
+    w = tl.sum(w2, axis=0)
+    local = tl.sum(id2, axis=0) - first
     mine = (slot < TOPK) & (local >= 0) & (local < E_LOCAL)
     # the block of a local pick: its place among the local picks by expert id (the picks' experts are distinct)
     rank = tl.sum(((local[None, :] < local[:, None]) & mine[None, :]).to(tl.int32), axis=1)
     if writer:
         n_mine = tl.sum(mine.to(tl.int32), axis=0)
+        tl.store(w_out_ptr + slot, w, mask=slot < TOPK)
+        tl.store(id_out_ptr + slot, local.to(tl.int64), mask=slot < TOPK)
         tl.store(block_expert_ptr + rank, local, mask=mine)
         flat = tl.arange(0, KP * BLOCK_M)
         first_row = flat % BLOCK_M == 0

@@ -88,9 +88,9 @@ SHARED_BESIDE = SharedBeside.WHOLE
 # did not gain (2026-12-06, performance.md 2l: B1 realistic 2.882 / 2.879 ms, B4 5.125 / 5.108; MXFP8 60 layers B1
 # 8.329 / 8.377); an H200 has not run it.
 SUM_IN_NORM = False
-# One token whose routed experts run the first generation's kernels (at B1 plain experts on the split tiles, MXFP8 ones
-# as GEMVs; the shared expert beside): the fused MoE's gate|up launch routes the token itself from the router's logits
-# (kernels.router.KernelRoute), the router's top-k + align launch left out. Off until timed on a GPU.
+# One token whose routed experts run the first generation's tiles (plain experts at B1: the split tiles; the shared
+# expert beside): the fused MoE's gate|up launch routes the token itself from the router's logits (kernels.router.
+# KernelRoute), the router's top-k + align launch left out. Off until timed on a GPU.
 ROUTE_IN_EXPERTS = False
 
 
@@ -232,10 +232,10 @@ class SparseMoe(nn.Module):
 
     def routing(self, logits: torch.Tensor, tiles: MoeTiles, shared: bool) -> tuple:
         """(weights, local ids, alignment, KernelRoute | None) for routed_and_aligned: made now by the router's kernel,
-        or (route_in_experts, one token on the first generation's split tiles or GEMVs, no shared expert inside)
-        buffers that the fused MoE's gate|up launch fills from the KernelRoute."""
+        or (route_in_experts, one token on the first generation's tiles, no shared expert inside) buffers that the
+        fused MoE's gate|up launch fills from the KernelRoute."""
         n_local, top_k = self.w_down.shape[0], self.m.top_k
-        if self.route_in_experts and logits.shape[0] == 1 and not shared:
+        if self.route_in_experts and logits.shape[0] == 1 and not shared and not tiles.gemv:
             return (*routing_outputs(1, top_k, n_local, tiles.block_m, False, logits.device),
                     KernelRoute(logits, self.router_bias, self.m.routed_scaling_factor, self.first_expert))
         return (*router_topk_align(logits, self.router_bias, top_k, self.m.routed_scaling_factor, self.first_expert,

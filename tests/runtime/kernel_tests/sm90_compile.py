@@ -220,13 +220,8 @@ def record_mxfp8(T):
         ids = torch.randint(0, 16, (n_tok, 4), dtype=torch.int32)
         fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T, scales=scales)
         record_split_down(xs, wg, wd, ids, T, scales)
-        if n_tok == 1:  # the one-token GEMVs, MXFP8; and routing in their gate|up launch
+        if n_tok == 1:  # the one-token GEMVs, MXFP8
             fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T, scales=scales, tiles=gemv_tiles(3072, 6144))
-            from m3bench.runtime.kernels.router import KernelRoute, routing_outputs
-
-            w, routed, _ = routing_outputs(1, 4, 16, 16, False, xs.device)
-            fused_moe(xs, wg, wg, wd, routed, w, backend=T, scales=scales, tiles=gemv_tiles(3072, 6144),
-                      route=KernelRoute(torch.randn(1, 128), torch.randn(128), 2.0, 16))
         old = moe_tiles(n_tok * 4, 16, 3072, 6144)
         fused_moe(xs, wg, wg, wd, ids, torch.rand(n_tok, 4), backend=T, scales=scales, tiles=old)
         e4m3 = torch.float8_e4m3fn

@@ -1,8 +1,7 @@
 """The fused MoE's gate|up launch routing one token itself (kernels.router.KernelRoute, moe_route_triton) against the
 router's own launch (router_topk_align) feeding the same fused MoE: the same weights, local ids, alignment and output
-bits, at 0-4 local picks, with and without the correction bias, plain and MXFP8 experts, the down GEMM whole or split,
-the first generation's split tiles and its one-token GEMVs (the weights and local ids, no alignment); and against the
-fp64 reference. Interpreter."""
+bits, at 0-4 local picks, with and without the correction bias, plain and MXFP8 experts, the down GEMM whole or split;
+and against the fp64 reference. Interpreter."""
 
 import pytest
 import torch
@@ -10,7 +9,6 @@ from launch_counts import recorded_launches
 
 from m3bench.runtime.kernels.backend import KernelBackend
 from m3bench.runtime.kernels.moe import MoeTiles, first_generation_tiles, fused_moe
-from m3bench.runtime.kernels.moe_quant import QuantMoeTiles
 from m3bench.runtime.kernels.reference import fused_moe_ref
 from m3bench.runtime.kernels.router import (
     KernelRoute,
@@ -122,57 +120,5 @@ def test_refused_where_it_cannot_run():
     with pytest.raises(ValueError, match="fp32 logits of one token"):
         fused_moe(x, wg, wu, wd, ids, w, backend=T, tiles=tiles, alignment=al,
                   route=KernelRoute(logits.expand(2, -1).contiguous(), None, 2.0, FIRST))
-    with pytest.raises(ValueError, match="split tiles or GEMVs"):
-        fused_moe(x, wg, wu, wd, ids, w, backend=T, tiles=QuantMoeTiles(16, 64, 64), alignment=al, route=route)
-
-
-def _gemv_tiles(split_k: int, split_down: int) -> MoeTiles:
-    return MoeTiles(16, 16, 64, num_warps=4, num_stages=1, block_n_down=16, split_k=split_k, split_k_routed=split_k,
-                    split_down=split_down, gemv=True)
-
-
-@pytest.mark.parametrize(("mxfp8", "block_major"), [(False, False), (True, True)])
-@pytest.mark.parametrize(("local", "with_bias", "split_k", "split_down"),
-                         [(0, False, 2, 1), (1, True, 2, 2), (2, False, 1, 2), (4, True, 4, 1)])
-def test_gemv_route_gives_the_routers_picks_and_bits(mxfp8, block_major, local, with_bias, split_k, split_down,
-                                                     monkeypatch):
-    """The one-token GEMVs (MXFP8 experts at B1) routing in their gate|up launch: the router's weights and local ids
-    (no alignment: the GEMVs read the picks), the same output bits, three launches (gate|up, down, sum)."""
-    from m3bench.runtime import quant
-    from m3bench.runtime.kernels import moe_gemv_triton, moe_triton, router_triton
-    from m3bench.runtime.kernels.moe import MoeScales
-
-    x, wg, wu, wd = _experts(20 + local)
-    scales = None
-    if mxfp8:
-        q = [quant.quant_mxfp8(w) for w in (wg, wu, wd)]
-        wg, wu, wd = (quant.block_major(w) if block_major else w for w, _ in q)
-        scales, x = MoeScales(q[0][1], q[1][1], q[2][1]), x.to(torch.bfloat16)
-    logits = _logits(local, seed=30 + local)
-    bias = torch.randn(E_ALL, generator=torch.Generator().manual_seed(4)) * 0.01 if with_bias else None
-    tiles = _gemv_tiles(split_k, split_down)
-    w0, ids0, _ = router_topk_align(logits, bias, 4, 2.0, FIRST, N_LOCAL, tiles.block_m, False)
-    y0 = fused_moe(x, wg, wu, wd, ids0, w0, backend=T, tiles=tiles, scales=scales)
-    w1, ids1, _ = routing_outputs(1, 4, N_LOCAL, tiles.block_m, False, x.device)
-    launches = recorded_launches(monkeypatch, (moe_triton, moe_gemv_triton, router_triton))
-    y1 = fused_moe(x, wg, wu, wd, ids1, w1, backend=T, tiles=tiles, scales=scales,
-                   route=KernelRoute(logits, bias, 2.0, FIRST))
-    assert launches == ["moe_gemv_gate_up_kernel", "moe_gemv_down_kernel", "moe_sum_kernel"]
-    assert torch.equal(w1, w0) and torch.equal(ids1, ids0) and int(((ids1 >= 0) & (ids1 < N_LOCAL)).sum()) == local
-    assert torch.equal(y1, y0) and torch.isfinite(y1.float()).all()
-    if not mxfp8:
-        ref = fused_moe_ref(x.double(), wg.double(), wu.double(), wd.double(), ids1, w1.double())
-        assert torch.allclose(y1.double(), ref, atol=1e-4, rtol=1e-4)
-
-
-def test_gemv_route_another_tokens_logits_show():
-    """The GEMV comparison can fail: routing by another token's logits gives other picks and another output."""
-    x, wg, wu, wd = _experts(21)
-    tiles = _gemv_tiles(2, 2)
-    outs = []
-    for seed in (40, 41):
-        w, ids, _ = routing_outputs(1, 4, N_LOCAL, tiles.block_m, False, x.device)
-        y = fused_moe(x, wg, wu, wd, ids, w, backend=T, tiles=tiles, route=KernelRoute(_logits(2, seed), None, 2.0,
-                                                                                        FIRST))
-        outs.append((ids, y))
-    assert not torch.equal(outs[0][0], outs[1][0]) and not torch.equal(outs[0][1], outs[1][1])
+    with pytest.raises(ValueError, match="split tiles"):
+        fused_moe(x, wg, wu, wd, ids, w, backend=T, tiles=MoeTiles(16, 16, 64, gemv=True), alignment=al, route=route)

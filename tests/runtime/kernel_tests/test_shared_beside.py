@@ -35,19 +35,14 @@ def test_every_mode_computes_the_same_block(tokens):
         assert torch.allclose(got, want, atol=1e-5, rtol=1e-4), mode
 
 
-@pytest.mark.parametrize("gemv", [False, True])
 @pytest.mark.parametrize("mode", list(SharedBeside))
-def test_routing_in_the_experts_launch_is_the_same_block(mode, gemv, monkeypatch):
-    """SparseMoe.route_in_experts (one token on the split tiles, or the GEMVs: here plain experts switched to them):
-    the router's launch left out, the fused MoE's gate|up launch routes the token; the same bits as the router's launch
-    in every mode; more tokens route as before."""
+def test_routing_in_the_experts_launch_is_the_same_block(mode, monkeypatch):
+    """SparseMoe.route_in_experts (one token on the split tiles): the router's launch left out, the fused MoE's
+    gate|up launch routes the token; the same bits as the router's launch in every mode; more tokens route as before."""
     from launch_counts import recorded_launches
 
-    from m3bench.runtime.kernels import moe as moe_kernels
-    from m3bench.runtime.kernels import moe_gemv_triton, moe_triton, router_triton
+    from m3bench.runtime.kernels import moe_triton, router_triton
 
-    if gemv:
-        monkeypatch.setattr(moe_kernels, "ROUTED_GEMV_FMTS", frozenset({0, 1}))
     moe = SparseMoe(64, M, Activation.SWIGLUOAI, 1.702, 7.0, torch.float32, "cpu")
     g = torch.Generator().manual_seed(5)
     for p in moe.parameters():
@@ -58,8 +53,7 @@ def test_routing_in_the_experts_launch_is_the_same_block(mode, gemv, monkeypatch
         moe.route_in_experts = False
         want = moe(x)
         moe.route_in_experts = True
-        with monkeypatch.context() as m:
-            launches = recorded_launches(m, (moe_triton, moe_gemv_triton, router_triton))
-            assert torch.equal(moe(x), want)
-        gate_up = "moe_gemv_gate_up_kernel" if gemv and tokens == 1 else "moe_gate_up_kernel"
-        assert ("router_align_kernel" in launches) == (tokens > 1) and gate_up in launches
+        launches = recorded_launches(monkeypatch, (moe_triton, router_triton))
+        assert torch.equal(moe(x), want)
+        assert ("router_align_kernel" in launches) == (tokens > 1) and "moe_gate_up_kernel" in launches
+        monkeypatch.undo()
