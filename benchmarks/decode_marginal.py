@@ -15,7 +15,8 @@ gains at most its share of it). One caveat: the second call finds in L2 what the
 weights fit the L2 (q|k|v 23.6 MB, o_proj 12.6 MB of 50 MB) the figure is a lower bound of its cold cost. Kinds: the residual add + norm, the norm / RoPE / cache write, the MSA index
 (block scores + top-k), attention (+ split-KV combine), the plain GEMMs by role (q|k|v(|index), o_proj, the fp32
 router, the shared expert's gate|up and down, the dense MLP's), the router's top-k + alignment, and the routed
-experts (gate|up, down, sum). Rows: the realistic routing's first draw and all-local, per batch. Same rank and
+experts (gate|up, down, sum). Where the attention selects the blocks and the experts' gate|up routes one token (the
+runtime's set since performance.md 2t), the MSA index is its scores launch alone and a B1 step has no router top-k. Rows: the realistic routing's first draw and all-local, per batch. Same rank and
 shapes as decode_step.py (its build_rank).
 
 `--mode removed` answers the other question, what the step saves if a kind's launches cost nothing: every call of a
@@ -52,7 +53,8 @@ from m3bench.runtime.layers import attention, linear, mlp, moe, norm
 SITES = {
     "add + norm": (norm, ("add_rms_norm_fused",)),
     "norm / RoPE / write": (attention, ("norm_rope_write", "norm_rope_write_pair")),
-    "MSA index (scores + top-k)": (triton_backend, ("msa_select_blocks",)),
+    "MSA index (scores + top-k)": (triton_backend, ("msa_select_blocks", "msa_block_scores")),  # scores alone where
+    #                                                                   the attention selects (SELECT_IN_ATTENTION)
     "attention (+ combine)": (triton_backend, ("paged_attention",)),
     "router top-k + align": (moe, ("router_topk_align",)),
     "routed experts": (moe, ("fused_moe",)),

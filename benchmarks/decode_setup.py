@@ -204,7 +204,8 @@ class OpsSet(Enum):
     #                                        0, as timed before), their down GEMM whole (ROUTED_SPLIT_DOWN 1)
     DOWN2 = "skinny-pdl-side-whole-split-down2"  # ... their down GEMM's K in 2 chunks (ROUTED_SPLIT_DOWN 2), MXFP8
     #                                              experts at one token as GEMVs (ROUTED_GEMV_FMTS {1}; plain experts
-    #                                              keep the split): the runtime's default (performance.md 2j, 2n)
+    #                                              keep the split): the runtime's default until 2026-12-07
+    #                                              (performance.md 2j, 2n; now SELECT_ROUTE, 2t)
     DOWN4 = "skinny-pdl-side-whole-split-down4"  # ... in 4 chunks
     SUM_NORM = "skinny-pdl-side-whole-split-down2-sumnorm"  # down2 + the fused MoE's final sum in the next residual
     #                                                         add + norm's launch (SparseMoe.sum_in_norm, one rank;
@@ -215,15 +216,15 @@ class OpsSet(Enum):
     EVERY = "skinny-pdl-side-whole-split-down2-every"  # down2 + every switch that is off by default: the fused heads,
     #                                                   the index branch beside, the sum in the norm, the GEMVs
     SELECT = "skinny-pdl-side-whole-split-down2-select"  # down2 + the MSA top-k in the attention launch (TritonBackend.
-    #                                                      select_in_attention, msa_index.BlockScores; off by default)
+    #                                                      select_in_attention, msa_index.BlockScores)
     ROUTE = "skinny-pdl-side-whole-split-down2-route"  # down2 + one token routed in the experts' gate|up launch
-    #                                                    (SparseMoe.route_in_experts, router.KernelRoute; off by default)
-    SELECT_ROUTE = "skinny-pdl-side-whole-split-down2-select-route"  # both
+    #                                                    (SparseMoe.route_in_experts, router.KernelRoute)
+    SELECT_ROUTE = "skinny-pdl-side-whole-split-down2-select-route"  # both: the runtime's (2026-12-07)
 
     @classmethod
     def runtime(cls) -> "OpsSet":
         """The set the runtime runs by default (every default switch as the runtime leaves it)."""
-        return cls.DOWN2
+        return cls.SELECT_ROUTE
 
     def holds(self, other: "OpsSet") -> bool:
         order = list(OpsSet)

@@ -264,12 +264,14 @@ def test_the_runtime_ops_set_is_what_the_runtime_does_by_default(fl, rt):
         built = switches(model)
         setup.set_ops(model, setup.OpsSet.runtime())
         assert switches(model) == built
-        for ops in (setup.OpsSet.SKINNY_PDL_SIDE_WHOLE, setup.OpsSet.SPLIT, setup.OpsSet.SELECT, setup.OpsSet.ROUTE,
-                    setup.OpsSet.SELECT_ROUTE):  # routed experts unsplit, the down GEMM whole, the top-ks elsewhere
-            setup.set_ops(model, ops)
-            assert switches(model) != built
         moes = [layer.mlp for layer in model.layers if hasattr(layer.mlp, "route_in_experts")]
         assert model.backend.select_in_attention and moes and all(m.route_in_experts for m in moes)
+        for ops in (setup.OpsSet.SKINNY_PDL_SIDE_WHOLE, setup.OpsSet.SPLIT, setup.OpsSet.DOWN2, setup.OpsSet.SELECT,
+                    setup.OpsSet.ROUTE):  # routed experts unsplit, the down GEMM whole, a top-k in its own launch
+            setup.set_ops(model, ops)
+            assert switches(model) != built
+            assert model.backend.select_in_attention == (ops is setup.OpsSet.SELECT)
+            assert all(m.route_in_experts == (ops is setup.OpsSet.ROUTE) for m in moes)
         setup.set_ops(model, setup.OpsSet.runtime())
         assert switches(model) == built
 

@@ -27,8 +27,10 @@ from m3bench.runtime.kernels.msa_index import (
 from m3bench.runtime.kv_cache import KVCache
 
 # MSA layers select their blocks in the attention launch (msa_index.BlockScores: every attention program ranks its
-# token's block scores) instead of a top-k launch between the scores and the attention. Off until timed on a GPU.
-SELECT_IN_ATTENTION = False
+# token's block scores) instead of a top-k launch between the scores and the attention. On: a 37-layer H100 rank step
+# (2026-12-07, docs/performance.md 2t) B1 realistic 2.853 -> 2.826 ms alone, 2.777 with the routing in the experts'
+# launch; B4 within 0.3%; 128k B1 3.670 -> 3.623 ms with both.
+SELECT_IN_ATTENTION = True
 
 
 def check_msa_layout(m: MsaConfig, tokens_per_block: int) -> None:

@@ -90,8 +90,10 @@ SHARED_BESIDE = SharedBeside.WHOLE
 SUM_IN_NORM = False
 # One token whose routed experts run the first generation's tiles (plain experts at B1: the split tiles; the shared
 # expert beside): the fused MoE's gate|up launch routes the token itself from the router's logits (kernels.router.
-# KernelRoute), the router's top-k + align launch left out. Off until timed on a GPU.
-ROUTE_IN_EXPERTS = False
+# KernelRoute), the router's top-k + align launch left out. On: a 37-layer H100 rank step (2026-12-07, docs/
+# performance.md 2t) B1 realistic 2.853 -> 2.813 ms alone, 2.777 with the MSA top-k in the attention launch; B4 within
+# 0.3%. The MXFP8 GEMVs keep the router's launch: routing in them was 1.5% slower at B1 (60 MXFP8 layers, 2t).
+ROUTE_IN_EXPERTS = True
 
 
 def route(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, top_k: int,

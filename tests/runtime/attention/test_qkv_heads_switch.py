@@ -91,6 +91,12 @@ def test_hybrid_caches_stay_on_two_launches(heads_calls):
     assert len(heads_calls) == 2
 
 
+def _msa_select_calls() -> list:
+    """What TritonBackend.msa adds to beside_calls for the MSA layer (1): its top-k in its own launch (msa_select), or
+    nothing where it selects in the attention launch (SELECT_IN_ATTENTION, the default)."""
+    return [] if TritonBackend().select_in_attention else [1]
+
+
 @pytest.fixture
 def beside_calls(monkeypatch, heads_calls):
     """The MSA layers' attention as one call (TritonBackend.msa, None) or apart (msa_select, the layer) in order."""
@@ -117,7 +123,7 @@ def test_index_branch_beside_gives_the_same_step(beside_calls, heads_calls, fuse
     assert beside_calls == [1]  # the MSA layer (layer 1), apart
     assert len(heads_calls) == (3 if fuse else 0)  # dense: both branches in one; MSA: one launch a lane
     want, kv_want = _step(False, kv_dtype, [3, 1])
-    assert beside_calls == [1, None, 1]  # then msa, which selects inside
+    assert beside_calls == [1, None, *_msa_select_calls()]
     assert (got.float() - want.float()).abs().max() <= 3e-2 * want.float().abs().max()
     for layer in range(2):
         for a, b in zip(_pages(kv_got, layer), _pages(kv_want, layer)):
@@ -126,4 +132,4 @@ def test_index_branch_beside_gives_the_same_step(beside_calls, heads_calls, fuse
 
 def test_index_branch_beside_only_at_few_rows(beside_calls):
     _step(False, KVDtype.BF16, [3, 2], beside=True)  # 5 rows: the fused qkv GEMM, then msa
-    assert beside_calls == [None, 1]
+    assert beside_calls == [None, *_msa_select_calls()]

@@ -85,14 +85,14 @@ def test_fast_path_matches_fp32_torch_on_gpu_real_geometry(tmp_path, monkeypatch
     assert diff.isfinite().all() and diff.mean().item() < 0.25, diff.mean().item()
 
 
-def _launches_fused_after(monkeypatch):
-    """Both switches of the next launch's selection on: the MSA top-k in the attention launch, one token's routing in
-    the experts' gate|up launch (read when the model is built)."""
+def _launches_fused_after(monkeypatch, on: bool):
+    """Both switches of the next launch's selection on (the default) or off: the MSA top-k in the attention launch, one
+    token's routing in the experts' gate|up launch (read when the model is built)."""
     from m3bench.runtime.attention import triton_backend
     from m3bench.runtime.layers import moe
 
-    monkeypatch.setattr(triton_backend, "SELECT_IN_ATTENTION", True)
-    monkeypatch.setattr(moe, "ROUTE_IN_EXPERTS", True)
+    monkeypatch.setattr(triton_backend, "SELECT_IN_ATTENTION", on)
+    monkeypatch.setattr(moe, "ROUTE_IN_EXPERTS", on)
 
 
 def test_routing_in_the_experts_launch_on_cpu_tiny_geometry(tmp_path, triton_interpreter, monkeypatch):
@@ -105,10 +105,11 @@ def test_routing_in_the_experts_launch_on_cpu_tiny_geometry(tmp_path, triton_int
     real = router_triton.router_align_kernel
     monkeypatch.setattr(router_triton, "router_align_kernel", type("Counted", (), {
         "__getitem__": lambda self, grid: aligned.append(grid) or real[grid]})())
+    _launches_fused_after(monkeypatch, False)
     compare_fast_path(tmp_path / "off", TINY, [45], "cpu", new=3)
     assert aligned
     aligned.clear()
-    _launches_fused_after(monkeypatch)
+    _launches_fused_after(monkeypatch, True)
     res = compare_fast_path(tmp_path / "on", TINY, [45], "cpu", new=3)
     assert res["max_abs_logprob_err"] < 1e-4 and res["same_tokens"]
     assert not aligned
@@ -116,10 +117,12 @@ def test_routing_in_the_experts_launch_on_cpu_tiny_geometry(tmp_path, triton_int
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_routing_in_the_experts_launch_on_gpu_real_geometry(tmp_path, monkeypatch):
+@pytest.mark.parametrize("on", [False, True])
+def test_routing_in_the_experts_launch_on_gpu_real_geometry(tmp_path, monkeypatch, on):
     """One prompt, so every decode step is one token: the MoE layers route in the experts' gate|up launch
-    (layers.moe.ROUTE_IN_EXPERTS), the MSA layers select in the attention launch; both against fp32 torch."""
-    _launches_fused_after(monkeypatch)
+    (layers.moe.ROUTE_IN_EXPERTS), the MSA layers select in the attention launch (on, the default), or both in their
+    own launches; either against fp32 torch."""
+    _launches_fused_after(monkeypatch, on)
     res = compare_fast_path(tmp_path, REAL, [2600], "cuda", new=24)
     assert res["p999_abs_logprob_err"] < 2e-3 and res["max_abs_logprob_err"] < 0.5, res
     assert res["same_tokens"]
