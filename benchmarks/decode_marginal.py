@@ -16,8 +16,9 @@ weights fit the L2 (q|k|v 23.6 MB, o_proj 12.6 MB of 50 MB) the figure is a lowe
 (block scores + top-k), attention (+ split-KV combine), the plain GEMMs by role (q|k|v(|index), o_proj, the fp32
 router, the shared expert's gate|up and down, the dense MLP's), the router's top-k + alignment, and the routed
 experts (gate|up, down, sum). Where the attention selects the blocks and the experts' gate|up routes one token (the
-runtime's set since performance.md 2t), the MSA index is its scores launch alone and a B1 step has no router top-k. Rows: the realistic routing's first draw and all-local, per batch. Same rank and
-shapes as decode_step.py (its build_rank).
+runtime's set since performance.md 2t), the MSA index is its scores launch alone and a B1 step has no router top-k.
+Rows: the realistic routing's first draw and all-local, per batch. Same rank and shapes as decode_step.py (its
+build_rank).
 
 `--mode removed` answers the other question, what the step saves if a kind's launches cost nothing: every call of a
 pure kind (one that only returns new tensors: the GEMMs, the MSA index, attention, the router's top-k + align, the
