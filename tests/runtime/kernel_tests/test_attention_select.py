@@ -4,6 +4,7 @@ against the fp64 reference; every selection path (rank, rounds in registers, rou
 
 import pytest
 import torch
+from launch_counts import recorded_launches
 
 from m3bench.runtime.kernels import kv_quant as kq
 from m3bench.runtime.kernels.attention import paged_attention
@@ -97,10 +98,7 @@ def test_no_topk_launch(monkeypatch):
     """Block scores go straight to the attention: the top-k kernel runs only where a selection is materialized."""
     from m3bench.runtime.kernels import msa_index_triton
 
-    calls = []
-    real = msa_index_triton.topk_kernel
-    monkeypatch.setattr(msa_index_triton, "topk_kernel", type("Counted", (), {
-        "__getitem__": lambda self, grid: calls.append(grid) or real[grid]})())
+    calls = recorded_launches(monkeypatch, (msa_index_triton,), names=("topk_kernel",))
     case = make_case(24, q_lens=[1, 1], seq_lens=[16 * 12, 16 * 7 + 2], hi=1)
     scores = msa_block_scores(case.iq, case.ik_cache, case.block_tables, case.seq_lens, case.query_start_loc,
                               max_query_len=1)

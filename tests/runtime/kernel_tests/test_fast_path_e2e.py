@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from launch_counts import recorded_launches
 
 from m3bench.runtime import LLM, SamplingParams
 from m3bench.runtime.kernels.backend import KernelBackend
@@ -101,10 +102,7 @@ def test_routing_in_the_experts_launch_on_cpu_tiny_geometry(tmp_path, triton_int
     still matches fp32 torch; with them off the decode steps launch the router's align kernel."""
     from m3bench.runtime.kernels import router_triton
 
-    aligned = []
-    real = router_triton.router_align_kernel
-    monkeypatch.setattr(router_triton, "router_align_kernel", type("Counted", (), {
-        "__getitem__": lambda self, grid: aligned.append(grid) or real[grid]})())
+    aligned = recorded_launches(monkeypatch, (router_triton,), names=("router_align_kernel",))
     _launches_fused_after(monkeypatch, False)
     compare_fast_path(tmp_path / "off", TINY, [45], "cpu", new=3)
     assert aligned
